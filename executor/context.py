@@ -1,0 +1,105 @@
+"""What a running step sees: `StepContext`.
+
+Step functions receive `(config, ctx)`. The config has every `output_of(...)`/`this_output(...)`
+already replaced by a URL. `ctx` gives the output folder on its fsspec store, a logger, a progress
+reporter, a way to fan work out over the cluster (`ctx.map`) without importing Ray, and `results`,
+a small dict that ends up in the step's record.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import fsspec
+
+from executor.step import Resources
+
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any], "Resources | None"], list]
+
+
+def local_map(fn: Callable[[Any], Any], items: Sequence[Any], resources: Resources | None = None) -> list:
+    """Run `fn` over `items` one after another in this process (no cluster at hand)."""
+    return [fn(item) for item in items]
+
+
+@dataclass
+class StepContext:
+    """The running step's view of the world."""
+
+    name: str
+    output: str
+    digest: str
+    attempt: int = 1
+    resources: Resources = field(default_factory=Resources)
+    resumable: bool = False
+    results: dict[str, Any] = field(default_factory=dict)
+    mapper: Mapper = local_map
+
+    def __post_init__(self) -> None:
+        self.fs, self._root = fsspec.core.url_to_fs(self.output)
+        self.logger = logging.getLogger(f"marin.step.{self.name}")
+
+    def path(self, *parts: str) -> str:
+        """The URL of a path inside this step's output folder."""
+        return "/".join([self.output.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def fs_path(self, *parts: str) -> str:
+        """The same, as a path on `ctx.fs` (no protocol)."""
+        return posixpath.join(self._root, *parts)
+
+    def open(self, relpath: str, mode: str = "rb", **kwargs: Any) -> Any:
+        """Open a file inside the output folder (parents are created for writes)."""
+        if any(m in mode for m in "wax"):
+            self.fs.makedirs(posixpath.dirname(self.fs_path(relpath)), exist_ok=True)
+        return self.fs.open(self.fs_path(relpath), mode, **kwargs)
+
+    def exists(self, relpath: str) -> bool:
+        return self.fs.exists(self.fs_path(relpath))
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], resources: Resources | None = None) -> list:
+        """`[fn(x) for x in items]`, spread over the cluster as one task per item when running
+        under Ray (each with `resources`, default 1 CPU), in order of `items`."""
+        return self.mapper(fn, list(items), resources)
+
+    def progress(self, total: int | None = None, unit: str = "it", desc: str = "") -> "Progress":
+        """A progress reporter that logs rate and ETA at most every few seconds."""
+        return Progress(self.logger, total, unit, desc or self.name)
+
+
+class Progress:
+    """Logs `done/total unit (rate/s, ETA)` at most every `every` seconds; a null object otherwise."""
+
+    def __init__(self, logger: logging.Logger, total: int | None, unit: str, desc: str, every: float = 5.0) -> None:
+        self.logger, self.total, self.unit, self.desc, self.every = logger, total, unit, desc, every
+        self.done = 0
+        self.start = self._last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= self.every or (self.total is not None and self.done >= self.total):
+            self._last = now
+            self.logger.info("%s", self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max((now or time.monotonic()) - self.start, 1e-9)
+        rate = self.done / elapsed
+        text = f"{self.desc}: {self.done}"
+        if self.total:
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            text += f"/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%, {rate:.1f} {self.unit}/s, ETA {eta:.0f}s)"
+        else:
+            text += f" {self.unit} ({rate:.1f} {self.unit}/s)"
+        return text
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.done:
+            print(self.line(), file=sys.stderr)

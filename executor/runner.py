@@ -1,0 +1,212 @@
+"""Carrying out a plan: an explicit state machine per step, over any execution backend.
+
+Per step: PENDING -> (WAITING ->) RUNNING -> SUCCESS | FAILED, or CACHED (done meanwhile, or an
+early cutoff: its inputs' outputs did not change), or BLOCKED (a dependency failed). Failure
+policy is one choice: keep going, so a failure blocks its dependents only and every independent
+step still finishes. Before a step is sent to a worker the runner takes its lease, then reads
+its status again (another executor may have finished it), and keeps the lease alive from one
+heartbeat thread until the step returns.
+
+The backend (`executor.ray_backend.RayBackend` in practice) only submits tasks and waits for
+them; it is handed to the runner, which knows nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from executor.identity import SCHEME, plain
+from executor.lease import Heartbeat, Leases
+from executor.plan import CACHED, RERUN, Decision, Plan
+from executor.store import SUCCESS, InputInfo
+from executor.worker import TaskResult, TaskSpec, resolve
+
+log = logging.getLogger("marin.runner")
+
+PENDING, WAITING, RUNNING, SUCCEEDED, FAILED, BLOCKED = "PENDING", "WAITING", "RUNNING", "SUCCESS", "FAILED", "BLOCKED"
+
+
+class Backend(Protocol):
+    def submit(self, task: TaskSpec, attempt: int) -> Any: ...
+    def wait(self, handles: list[Any], timeout: float) -> list[tuple[Any, TaskResult]]: ...
+
+
+@dataclass
+class Outcome:
+    """What happened to one step in this run."""
+
+    name: str
+    state: str
+    reason: str = ""
+    output_digest: str | None = None
+    error: str | None = None
+    attempts: int = 0
+    started: float | None = None
+    ended: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.started is None or self.ended is None else self.ended - self.started
+
+
+@dataclass
+class RunSummary:
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    stale_after: list[str] = field(default_factory=list)  # consumers made STALE by a changed rerun
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes.values() if o.state in (FAILED, BLOCKED)]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+Listener = Callable[[Outcome], None]
+
+
+class Runner:
+    """Runs the steps a plan marks `will_run`, dependencies first, at most `max_concurrent` at once."""
+
+    def __init__(self, plan: Plan, backend: Backend, leases: Leases, max_concurrent: int = 16,
+                 poll: float = 0.2, on_change: Listener | None = None) -> None:
+        self.plan, self.backend, self.leases = plan, backend, leases
+        self.store = plan.store
+        self.max_concurrent = max(1, max_concurrent)
+        self.poll = poll
+        self.on_change = on_change or (lambda outcome: None)
+        self.outputs: dict[str, str | None] = {
+            d.name: d.status.output_digest for d in plan.decisions
+            if d.status is not None and d.status.state == SUCCESS}
+
+    def run(self) -> RunSummary:
+        t0 = time.time()
+        summary = RunSummary()
+        for d in self.plan.decisions:
+            summary.outcomes[d.name] = Outcome(d.name, d.state if not d.will_run else PENDING, d.reason)
+        pending = [d for d in self.plan.decisions if d.will_run]
+        inflight: dict[Any, tuple[Decision, TaskSpec, int]] = {}
+        next_try: dict[str, float] = {}
+        tries: dict[str, int] = {}
+        with Heartbeat(self.leases) as heartbeat:
+            while pending or inflight:
+                now = time.time()
+                for d in list(pending):
+                    if len(inflight) >= self.max_concurrent:
+                        break
+                    dep_states = [summary.outcomes[dep.name].state for dep in d.node.deps]
+                    if any(s in (FAILED, BLOCKED) for s in dep_states):
+                        pending.remove(d)
+                        bad = [dep.name for dep in d.node.deps if summary.outcomes[dep.name].state in (FAILED, BLOCKED)]
+                        self._set(summary, d.name, BLOCKED, reason=f"dependency failed: {', '.join(bad)}")
+                        continue
+                    if any(s in (PENDING, WAITING, RUNNING) for s in dep_states):
+                        continue
+                    if next_try.get(d.name, 0.0) > now:
+                        continue
+                    started = self._start(d, summary, heartbeat, tries)
+                    if started is None:  # finished meanwhile, or cut off
+                        pending.remove(d)
+                    elif started == WAITING:
+                        next_try[d.name] = now + min(30.0, max(self.poll, self.leases.ttl / 4))
+                    else:
+                        pending.remove(d)
+                        handle, task = started
+                        inflight[handle] = (d, task, tries[d.name])
+                if not inflight:
+                    if pending:
+                        time.sleep(self.poll)
+                    continue
+                for handle, result in self.backend.wait(list(inflight), timeout=self.poll):
+                    d, task, attempt = inflight.pop(handle)
+                    heartbeat.drop(d.node.dirname)
+                    if result.ok:
+                        self.outputs[d.name] = result.output_digest
+                        self._set(summary, d.name, SUCCEEDED, output_digest=result.output_digest,
+                                  started=result.started, ended=result.ended, attempts=result.attempt)
+                        self._note_stale(d, result, summary)
+                    elif not result.lease_lost and d.node.step.retry.on_exception and \
+                            tries[d.name] < d.node.step.retry.max_attempts:
+                        log.warning("step %s failed (%s); trying again", d.name, result.error)
+                        pending.insert(0, d)
+                        self._set(summary, d.name, PENDING, reason=f"retrying after: {result.error}")
+                    else:
+                        self._set(summary, d.name, FAILED, error=result.error, started=result.started,
+                                  ended=result.ended, attempts=result.attempt)
+        summary.seconds = time.time() - t0
+        return summary
+
+    # -- one step ------------------------------------------------------------------------------
+    def _start(self, d: Decision, summary: RunSummary, heartbeat: Heartbeat, tries: dict[str, int]) -> Any:
+        node = d.node
+        forced = d.state == RERUN and tries.get(d.name, 0) == 0
+        if not forced and self._done_with_same_inputs(d):
+            self._set(summary, d.name, CACHED, reason=self._cutoff_reason(d))
+            return None
+        lease, holder = self.leases.try_acquire(node.dirname)
+        if lease is None:
+            who = holder.describe() if holder else "another executor"
+            if summary.outcomes[d.name].state != WAITING:
+                self._set(summary, d.name, WAITING, reason=f"leased by {who}")
+            return WAITING
+        # Read the status again now that the lease is ours: the holder may have just finished.
+        if not forced and self._done_with_same_inputs(d):
+            self.leases.release(node.dirname, lease)
+            self._set(summary, d.name, CACHED, reason=self._cutoff_reason(d))
+            return None
+        heartbeat.hold(node.dirname, lease)
+        tries[d.name] = tries.get(d.name, 0) + 1
+        task = self._task(d, lease.token)
+        handle = self.backend.submit(task, tries[d.name])
+        self._set(summary, d.name, RUNNING, started=time.time())
+        return handle, task
+
+    def _done_with_same_inputs(self, d: Decision) -> bool:
+        status = self.store.read_status(d.node.dirname)
+        if status is None or status.state != SUCCESS:
+            return False
+        if not all(status.inputs.get(dep.digest) == self.outputs.get(dep.name) for dep in d.node.deps):
+            return False
+        self.outputs[d.name] = status.output_digest
+        return True
+
+    def _cutoff_reason(self, d: Decision) -> str:
+        if d.conditional_on or d.state in ("STALE",):
+            return "early cutoff: its inputs' outputs are unchanged"
+        return "done meanwhile by another executor"
+
+    def _task(self, d: Decision, token: int) -> TaskSpec:
+        node, store = d.node, self.store
+        url_of = lambda name: store.url(self.plan.dag[name].dirname)  # noqa: E731
+        own = store.url(node.dirname)
+        inputs = [InputInfo(name=dep.name, digest=dep.digest, output_digest=self.outputs.get(dep.name),
+                            path=store.url(dep.dirname)) for dep in node.deps]
+        return TaskSpec(
+            name=node.name, step_type=node.step.type, config=resolve(node.step.config, url_of, own),
+            plain_config=plain(node.step.config), prefix=store.prefix, dirname=node.dirname,
+            digest=node.digest, scheme=SCHEME, code_fingerprint=self.plan.dag.fingerprint(node),
+            inputs=inputs, resources=node.step.resources, run_id=self.leases.owner.run_id, token=token,
+            lease_ttl=self.leases.ttl, max_node_failures=node.step.retry.max_node_failures, reason=f"{d.state}: {d.reason}")
+
+    def _note_stale(self, d: Decision, result: TaskResult, summary: RunSummary) -> None:
+        before = d.status.output_digest if d.status is not None else None
+        if d.state != RERUN or before is None or before == result.output_digest:
+            return
+        for consumer in d.node.consumers:
+            if not self.plan[consumer.name].will_run:
+                summary.stale_after.append(consumer.name)
+
+    def _set(self, summary: RunSummary, name: str, state: str, **changes: Any) -> None:
+        outcome = summary.outcomes[name]
+        outcome.state = state
+        for key, value in changes.items():
+            setattr(outcome, key, value)
+        try:
+            self.on_change(outcome)
+        except Exception as e:  # a listener (the live page) must never fail the voyage
+            log.warning("state listener failed: %s", e)

@@ -1,0 +1,286 @@
+"""Output folders on any fsspec store: status, record, manifest, and their lifecycle.
+
+An output folder `{prefix}/{name}-{digest[:10]}` holds the step's files plus three control files:
+- `.status`: one small JSON object (`RUNNING`, `FAILED` or `SUCCESS`). `SUCCESS` is written last,
+  after the function returned, the manifest was computed, the record was written and the lease
+  was confirmed still ours. It also carries what the plan needs to decide CACHED/STALE for a
+  whole DAG in one read per step: the full digest, the output digest and the output digests of
+  the inputs that were read.
+- `.step.json`: the record (`Record`, pydantic): config, digests, code fingerprint, inputs,
+  manifest and the history of every attempt.
+- `.lease`: see `executor.lease`.
+A folder without a readable `SUCCESS` status is never a cache hit, whatever files it holds; a
+corrupt `.status` or `.step.json` is reported and treated as not done.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import time
+import uuid
+from typing import Any, Iterable
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, Field, ValidationError
+
+log = logging.getLogger("marin.store")
+
+STATUS = ".status"
+RECORD = ".step.json"
+LEASE = ".lease"
+CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
+
+RUNNING, SUCCESS, FAILED = "RUNNING", "SUCCESS", "FAILED"
+
+
+class InputInfo(BaseModel):
+    """What a step read from one of its inputs."""
+
+    name: str
+    digest: str
+    output_digest: str | None = None
+    path: str
+
+
+class Attempt(BaseModel):
+    """One try at running a step."""
+
+    number: int
+    state: str
+    started: float
+    ended: float | None = None
+    host: str = ""
+    pid: int = 0
+    node: str | None = None
+    run_id: str = ""
+    token: int | None = None
+    reason: str = ""
+    error: str | None = None
+    traceback: str | None = None
+
+
+class ManifestEntry(BaseModel):
+    path: str
+    size: int
+    checksum: str
+
+
+class Record(BaseModel):
+    """`{output}/.step.json`: how an output was made, for anyone auditing it."""
+
+    record_version: int = 1
+    name: str
+    step_type: str
+    version: str
+    digest: str
+    scheme: str
+    output_path: str
+    config: Any = None
+    code_fingerprint: str = ""
+    resources: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputInfo] = Field(default_factory=list)
+    state: str = RUNNING
+    output_digest: str | None = None
+    manifest: list[ManifestEntry] | None = None
+    results: dict[str, Any] = Field(default_factory=dict)
+    attempts: list[Attempt] = Field(default_factory=list)
+    created: float = Field(default_factory=time.time)
+    updated: float = Field(default_factory=time.time)
+
+
+class Status(BaseModel):
+    """`{output}/.status`."""
+
+    state: str
+    digest: str = ""
+    output_digest: str | None = None
+    inputs: dict[str, str | None] = Field(default_factory=dict)  # input digest -> its output digest
+    time: float = Field(default_factory=time.time)
+    attempt: int = 0
+    token: int | None = None
+    code: str = ""  # code fingerprint of the step function that made it
+
+
+class Store:
+    """The prefix under which every output lives, on one fsspec filesystem."""
+
+    def __init__(self, prefix: str, **storage_options: Any) -> None:
+        self.prefix = prefix.rstrip("/") or "/"
+        self.fs, root = fsspec.core.url_to_fs(self.prefix, **storage_options)
+        self.root = root.rstrip("/")
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self._scheme = "" if self.is_local else f"{protocol}://"
+
+    # -- paths ---------------------------------------------------------------------------------
+    def url(self, dirname: str) -> str:
+        """The URL of an output folder, as steps see it."""
+        return f"{self.prefix}/{dirname}"
+
+    def path(self, dirname: str, *parts: str) -> str:
+        """The filesystem path (no protocol) of a folder or a file inside it."""
+        return posixpath.join(self.root, dirname, *parts)
+
+    def to_url(self, fs_path: str) -> str:
+        return fs_path if self.is_local else self._scheme + fs_path
+
+    # -- probing ---------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Raise OSError if nothing can be written under the prefix; leaves nothing behind."""
+        probe = posixpath.join(self.root, f".marin-probe-{uuid.uuid4().hex}")
+        self.fs.makedirs(self.root, exist_ok=True)
+        self.fs.pipe_file(probe, b"ok")
+        self.fs.rm_file(probe)
+
+    # -- status ----------------------------------------------------------------------------------
+    def read_statuses(self, dirnames: list[str]) -> dict[str, Status | None]:
+        """The status of many folders; one concurrent batch on remote stores."""
+        paths = [self.path(d, STATUS) for d in dirnames]
+        if self.is_local:
+            raw = {p: _read_local(p) for p in paths}
+        else:
+            raw = self.fs.cat(paths, on_error="return") if paths else {}
+        out: dict[str, Status | None] = {}
+        for d, p in zip(dirnames, paths):
+            data = raw.get(p) if raw else None
+            out[d] = _parse_status(p, data)
+        return out
+
+    def read_status(self, dirname: str) -> Status | None:
+        return self.read_statuses([dirname])[dirname]
+
+    def write_status(self, dirname: str, status: Status) -> None:
+        self.write_json(self.path(dirname, STATUS), status.model_dump())
+
+    # -- record ----------------------------------------------------------------------------------
+    def read_record(self, dirname: str) -> Record | None:
+        path = self.path(dirname, RECORD)
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("cannot read %s: %s; treating the step as not done", path, e)
+            return None
+        try:
+            return Record.model_validate_json(data)
+        except (ValidationError, ValueError) as e:
+            log.warning("corrupt record %s (%s); treating the step as not done",
+                        self.to_url(path), str(e).splitlines()[0])
+            return None
+
+    def write_record(self, dirname: str, record: Record) -> None:
+        record.updated = time.time()
+        self.write_json(self.path(dirname, RECORD), json.loads(record.model_dump_json()))
+
+    def newest_sibling_record(self, name: str, exclude: str | None = None) -> Record | None:
+        """The newest record of another output folder of the same step name (for reasons)."""
+        parent, _, base = f"{self.root}/{name}".rpartition("/")
+        pattern = re.compile(re.escape(base) + r"-[0-9a-f]{10}$")
+        try:
+            entries = self.fs.ls(parent, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        best: Record | None = None
+        for entry in entries:
+            leaf = entry.rstrip("/").rpartition("/")[2]
+            if not pattern.match(leaf) or (exclude and leaf == exclude.rpartition("/")[2]):
+                continue
+            rec = self.read_record(posixpath.relpath(entry.rstrip("/"), self.root))
+            if rec is not None and (best is None or rec.updated > best.updated):
+                best = rec
+        return best
+
+    # -- output lifecycle --------------------------------------------------------------------------
+    def clear_partial(self, dirname: str) -> None:
+        """Remove everything a failed or interrupted attempt left, but the control files."""
+        folder = self.path(dirname)
+        try:
+            entries = self.fs.ls(folder, detail=False)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.rstrip("/").rpartition("/")[2] in CONTROL_FILES:
+                continue
+            self.fs.rm(entry, recursive=True)
+
+    def manifest(self, dirname: str) -> list[ManifestEntry]:
+        """Every file of the output (control files excluded): relative path, size, checksum."""
+        folder = self.path(dirname)
+        entries: list[ManifestEntry] = []
+        try:
+            found = self.fs.find(folder, detail=True)
+        except FileNotFoundError:
+            found = {}
+        for path, info in sorted(found.items()):
+            rel = posixpath.relpath(path, folder)
+            if rel in CONTROL_FILES or info.get("type") == "directory":
+                continue
+            entries.append(ManifestEntry(path=rel, size=int(info.get("size") or 0),
+                                         checksum=self._checksum(path, info)))
+        return entries
+
+    def _checksum(self, path: str, info: dict[str, Any]) -> str:
+        # The store's own checksum where it keeps one (GCS md5), so nothing is read back.
+        md5 = info.get("md5Hash")
+        if md5:
+            return "md5:" + base64.b64decode(md5).hex()
+        if info.get("crc32c"):
+            return "crc32c:" + base64.b64decode(info["crc32c"]).hex()
+        digest = hashlib.md5(usedforsecurity=False)
+        with self.fs.open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+        return "md5:" + digest.hexdigest()
+
+    # -- io -------------------------------------------------------------------------------------
+    def write_json(self, path: str, obj: Any) -> None:
+        """Write a small JSON file so that readers see the old or the new content, never half."""
+        data = json.dumps(obj, indent=1, sort_keys=True).encode()
+        if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            # Object stores replace a whole object atomically on upload.
+            self.fs.pipe_file(path, data)
+
+
+def output_digest(manifest: Iterable[ManifestEntry]) -> str:
+    """One digest over the manifest: equal iff the same files with the same bytes."""
+    body = json.dumps([[e.path, e.size, e.checksum] for e in manifest], separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _read_local(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e  # type: ignore[return-value]
+
+
+def _parse_status(path: str, data: Any) -> Status | None:
+    if data is None or isinstance(data, FileNotFoundError):
+        return None
+    if isinstance(data, BaseException):
+        log.warning("cannot read %s (%s); treating the step as not done", path, data)
+        return None
+    try:
+        return Status.model_validate_json(data)
+    except (ValidationError, ValueError):
+        log.warning("corrupt status file %s; treating the step as not done", path)
+        return None
