@@ -41,7 +41,8 @@ class StepContext:
     mapper: Mapper = local_map
 
     def __post_init__(self) -> None:
-        self.fs, self._root = fsspec.core.url_to_fs(self.output)
+        local = "://" not in self.output or self.output.startswith("file://")
+        self.fs, self._root = fsspec.core.url_to_fs(self.output, **({"auto_mkdir": True} if local else {}))
         self.logger = logging.getLogger(f"marin.step.{self.name}")
 
     def path(self, *parts: str) -> str:

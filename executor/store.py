@@ -32,6 +32,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 log = logging.getLogger("marin.store")
 
+if os.environ.get("STORAGE_EMULATOR_HOST"):
+    # A local GCS emulator has no zonal buckets; without this gcsfs spends 60 s per bucket on gRPC.
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
@@ -113,6 +117,8 @@ class Store:
 
     def __init__(self, prefix: str, **storage_options: Any) -> None:
         self.prefix = prefix.rstrip("/") or "/"
+        if "://" not in self.prefix or self.prefix.startswith("file://"):
+            storage_options.setdefault("auto_mkdir", True)
         self.fs, root = fsspec.core.url_to_fs(self.prefix, **storage_options)
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)

@@ -6,3 +6,68 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One embedded local Ray for the whole session (as marin-run starts by default)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """A real GCS emulator (gcp-storage-emulator) on a free port, with bucket `marin-test`.
+
+    Sets STORAGE_EMULATOR_HOST and FSSPEC_GS_TOKEN=anon so that gcsfs, in this process and in
+    Ray workers and subprocesses started after it, talks to the emulator.
+    """
+    exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+    port = free_port()
+    proc = subprocess.Popen([exe, "start", f"--port={port}", "--in-memory"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the GCS emulator did not start")
+    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN")}
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    os.environ["FSSPEC_GS_TOKEN"] = "anon"
+    import gcsfs
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    fs = gcsfs.GCSFileSystem(endpoint_url=endpoint, token="anon")
+    fs.mkdir("marin-test")
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

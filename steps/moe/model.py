@@ -1,0 +1,278 @@
+"""A mixture-of-experts decoder: its config, its presets and the model, in one file.
+
+Design choices (the reasons are in docs/moe.md):
+- Pre-norm blocks with RMSNorm; rotary position embeddings on queries and keys.
+- Grouped-query attention through F.scaled_dot_product_attention; most layers see a sliding
+  window of past tokens, every `global_every`-th layer sees the whole causal past.
+- Every block's feed-forward is an MoE: an fp32 router picks `top_k` of `n_experts` SwiGLU experts
+  per token (selection by score + a load-balancing bias, weights from the unbiased scores), plus
+  shared SwiGLU experts every token goes through, added to the routed output.
+- Routed experts are 3-D weights; tokens are sorted by expert with a stable argsort and run with
+  one torch._grouped_mm per projection.
+- Router losses: z-loss on the log-sum-exp of the logits, an optional auxiliary balance loss;
+  balance comes mainly from the expert bias, updated once per optimizer step (balance.py).
+- Untied input and output embeddings.
+
+Shape legend: B batch, S sequence, D model width, H query heads, G key/value heads, A head width,
+R = A/2 rotary frequencies, V vocabulary, T = B*S tokens, E routed experts, K experts per token,
+N = T*K token-expert slots, F routed expert width, W shared FFN width, L layers.
+"""
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from steps.moe.balance import aux_balance_loss, z_loss
+from steps.moe.router import route
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The whole model in one value; the defaults are the 535B-A23B shape (docs/moe.md explains
+    how its public figures are read)."""
+
+    vocab_size: int = 128_256
+    dim: int = 6144
+    n_layers: int = 48
+    n_heads: int = 48
+    n_kv_heads: int = 16
+    head_dim: int = 128
+    sliding_window: int = 2048  # 0 makes every layer global
+    global_every: int = 4  # layers global_every-1, 2*global_every-1, ... are global
+    n_experts: int = 384
+    top_k: int = 8
+    expert_dim: int = 1536  # per-matrix width; "width 3072" is the fused gate+up projection
+    n_shared_experts: int = 2
+    shared_expert_dim: int = 3072
+    score_func: str = "sigmoid"
+    renormalize: bool = True
+    route_scale: float = 1.0
+    router_impl: str = "auto"  # "auto", "fused" or "reference" (steps/moe/router.py)
+    z_loss_coef: float = 1e-4
+    aux_loss_coef: float = 0.0
+    bias_update_rate: float = 1e-3
+    max_seq_len: int = 4096
+    rope_theta: float = 500_000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def is_global(self, layer: int) -> bool:
+        return self.sliding_window <= 0 or (layer + 1) % self.global_every == 0
+
+
+_BIG = MoEConfig()
+PRESETS: dict[str, MoEConfig] = {
+    "tiny": dataclasses.replace(
+        _BIG, vocab_size=512, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+        sliding_window=8, global_every=2, n_experts=8, top_k=2, expert_dim=32,
+        n_shared_experts=1, shared_expert_dim=64, max_seq_len=64),
+    "small": dataclasses.replace(
+        _BIG, dim=1024, n_layers=12, n_heads=16, n_kv_heads=4, head_dim=64, n_experts=64,
+        expert_dim=256, n_shared_experts=1, shared_expert_dim=512),
+    "medium": dataclasses.replace(
+        _BIG, dim=2048, n_layers=24, n_heads=16, n_kv_heads=4, head_dim=128, n_experts=128,
+        expert_dim=512, n_shared_experts=2, shared_expert_dim=1024),
+    "535b-a23b": _BIG,
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x_BSD: Tensor) -> Tensor:
+        return F.rms_norm(x_BSD, (x_BSD.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, each [S, R], in fp32."""
+    freq_R = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angle_SR = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * freq_R
+    return angle_SR.cos(), angle_SR.sin()
+
+
+def apply_rope(x_BHSA: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> Tensor:
+    x1, x2 = x_BHSA.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos_SR - x2 * sin_SR, x1 * sin_SR + x2 * cos_SR], dim=-1)
+    return out.to(x_BHSA.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MoEConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.window = 0 if cfg.is_global(layer) else cfg.sliding_window
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x_BSD: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> Tensor:
+        B, S, _ = x_BSD.shape
+        q_BHSA = self.wq(x_BSD).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
+        k_BGSA = self.wk(x_BSD).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v_BGSA = self.wv(x_BSD).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q_BHSA, k_BGSA = apply_rope(q_BHSA, cos_SR, sin_SR), apply_rope(k_BGSA, cos_SR, sin_SR)
+        if self.window and self.window < S:
+            i_S = torch.arange(S, device=x_BSD.device)
+            lag_SS = i_S[:, None] - i_S[None, :]
+            mask_SS = (lag_SS >= 0) & (lag_SS < self.window)
+            o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, attn_mask=mask_SS,
+                                                    enable_gqa=True)
+        else:
+            o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, is_causal=True,
+                                                    enable_gqa=True)
+        return self.wo(o_BHSA.transpose(1, 2).reshape(B, S, -1))
+
+
+class FeedForward(nn.Module):
+    """A dense SwiGLU feed-forward; the shared experts, fused into one of width n_shared * width."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x_TD: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x_TD)) * self.w3(x_TD))
+
+
+class _Dispatch(torch.autograd.Function):
+    """x_TD[token_N] with a backward that sums each token's K slots in a fixed order, instead of
+    the atomic scatter-add of indexing's backward, so gradients are bitwise reproducible."""
+
+    @staticmethod
+    def forward(ctx, x_TD: Tensor, order_N: Tensor, inverse_N: Tensor, k: int) -> Tensor:
+        ctx.save_for_backward(inverse_N)
+        ctx.k = k
+        return x_TD[order_N // k]
+
+    @staticmethod
+    def backward(ctx, dx_ND: Tensor):
+        (inverse_N,) = ctx.saved_tensors
+        dx_TKD = dx_ND[inverse_N].view(-1, ctx.k, dx_ND.shape[-1])
+        return dx_TKD.sum(1), None, None, None
+
+
+class MoE(nn.Module):
+    """Routed experts (3-D weights, grouped matmul) plus shared experts."""
+
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        E, D, F_ = cfg.n_experts, cfg.dim, cfg.expert_dim
+        self.router = nn.Linear(D, E, bias=False)
+        self.w1_EFD = nn.Parameter(torch.empty(E, F_, D))
+        self.w3_EFD = nn.Parameter(torch.empty(E, F_, D))
+        self.w2_EDF = nn.Parameter(torch.empty(E, D, F_))
+        hidden = cfg.n_shared_experts * cfg.shared_expert_dim
+        self.shared = FeedForward(D, hidden) if hidden else None
+        self.register_buffer("expert_bias_E", torch.zeros(E))
+        # Tokens sent to each expert since the last bias update; summed over micro-batches.
+        self.register_buffer("expert_load_E", torch.zeros(E), persistent=False)
+
+    def forward(self, x_BSD: Tensor) -> tuple[Tensor, Tensor]:
+        cfg = self.cfg
+        x_TD = x_BSD.reshape(-1, x_BSD.shape[-1])
+        logits_TE = F.linear(x_TD.float(), self.router.weight.float())
+        r = route(logits_TE, self.expert_bias_E, cfg.top_k, cfg.score_func, cfg.renormalize,
+                  cfg.route_scale, cfg.router_impl)
+        if self.training:
+            with torch.no_grad():
+                self.expert_load_E += r.counts_E
+        out_TD = self._routed(x_TD, r.weights_TK, r.indices_TK, r.counts_E)
+        if self.shared is not None:
+            out_TD = out_TD + self.shared(x_TD)
+        loss = cfg.z_loss_coef * z_loss(r.lse_T)
+        if cfg.aux_loss_coef:
+            loss = loss + cfg.aux_loss_coef * aux_balance_loss(r.counts_E, r.score_sums_E, cfg.top_k)
+        return out_TD.view_as(x_BSD), loss
+
+    def _routed(self, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor) -> Tensor:
+        T, K = idx_TK.shape
+        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
+        inverse_N = torch.empty_like(order_N)
+        inverse_N[order_N] = torch.arange(order_N.numel(), device=order_N.device)
+        offs_E = torch.cumsum(counts_E, 0, dtype=torch.int32)
+        x_ND = _Dispatch.apply(x_TD, order_N, inverse_N, K)
+        # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
+        h_NF = F.silu(torch._grouped_mm(x_ND, self.w1_EFD.transpose(-2, -1), offs=offs_E))
+        h_NF = h_NF * torch._grouped_mm(x_ND, self.w3_EFD.transpose(-2, -1), offs=offs_E)
+        y_ND = torch._grouped_mm(h_NF, self.w2_EDF.transpose(-2, -1), offs=offs_E)
+        y_TKD = y_ND[inverse_N].view(T, K, -1)
+        return (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: MoEConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.moe_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.moe = MoE(cfg)
+
+    def forward(self, x_BSD: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> tuple[Tensor, Tensor]:
+        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), cos_SR, sin_SR)
+        h_BSD, router_loss = self.moe(self.moe_norm(x_BSD))
+        return x_BSD + h_BSD, router_loss
+
+
+class MoETransformer(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) everywhere, with output projections scaled by 1/sqrt(2L); norms at
+        one, expert biases at zero."""
+        std, out_std = self.cfg.init_std, self.cfg.init_std / (2 * self.cfg.n_layers) ** 0.5
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                is_out = name.endswith(("wo.weight", "w2.weight", "w2_EDF"))
+                p.normal_(0.0, out_std if is_out else std, generator=generator)
+        for block in self.blocks:
+            block.moe.expert_bias_E.zero_()
+            block.moe.expert_load_E.zero_()
+
+    def forward(self, tokens_BS: Tensor) -> tuple[Tensor, Tensor]:
+        """Logits [B, S, V] and the router loss summed over layers."""
+        S = tokens_BS.shape[1]
+        cos_SR, sin_SR = rope_tables(S, self.cfg.head_dim, self.cfg.rope_theta, tokens_BS.device)
+        x_BSD = self.embed(tokens_BS)
+        router_loss = x_BSD.new_zeros((), dtype=torch.float32)
+        for block in self.blocks:
+            x_BSD, layer_loss = block(x_BSD, cos_SR, sin_SR)
+            router_loss = router_loss + layer_loss
+        return self.head(self.norm(x_BSD)), router_loss
+
+    def loss(self, tokens_BS: Tensor, targets_BS: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Cross-entropy plus router losses, and the parts for logging."""
+        logits_BSV, router_loss = self(tokens_BS)
+        ce = F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets_BS.flatten())
+        return ce + router_loss, {"ce": ce.detach(), "router": router_loss.detach()}
+
+    def moe_layers(self) -> list[MoE]:
+        return [block.moe for block in self.blocks]
+
+
+def count_params(cfg: MoEConfig) -> tuple[int, int]:
+    """(total, active) parameters, from a model built on the meta device. Active counts what one
+    token uses: everything except the routed experts it is not sent to (embeddings included)."""
+    with torch.device("meta"):
+        model = MoETransformer(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("_EFD", "_EDF")))
+    idle = routed // cfg.n_experts * (cfg.n_experts - cfg.top_k)
+    return total, total - idle

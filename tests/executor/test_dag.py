@@ -1,0 +1,93 @@
+"""The DAG built from references: cycles, duplicate names, identical steps, bad names."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from executor import Step, VoyageError, output_of, step_type
+
+
+@dataclass(frozen=True)
+class C:
+    inputs: tuple = ()
+    extra: dict = field(default_factory=dict)
+    n: int = 0
+
+
+@step_type(version="1")
+def t(config: C, ctx) -> None:
+    pass
+
+
+def test_references_anywhere_make_edges_and_order_is_topological():
+    from executor.dag import build_dag
+
+    a = Step("a", t, C(n=1))
+    b = Step("b", t, C(n=2))
+    c = Step("c", t, C(inputs=(output_of(a),), extra={"deep": [{"x": output_of(b, "f.txt")}]}))
+    dag = build_dag([c])
+    assert [n.name for n in dag] == ["a", "b", "c"]
+    assert {d.name for d in dag["c"].deps} == {"a", "b"}
+    assert dag.upstream(["c"]) == {"a", "b", "c"}
+    assert dag.downstream(["a"]) == {"a", "c"}
+
+
+def test_identical_steps_are_one_node():
+    from executor.dag import build_dag
+
+    a1 = Step("a", t, C(n=1))
+    a2 = Step("a", t, C(n=1))
+    dag = build_dag([Step("b", t, C(inputs=(output_of(a1),))), Step("c", t, C(inputs=(output_of(a2),)))])
+    assert len(dag) == 3
+
+
+def test_one_name_two_digests_is_an_error_naming_both_places():
+    from executor.dag import build_dag
+
+    a1 = Step("a", t, C(n=1))
+    a2 = Step("a", t, C(n=2))
+    with pytest.raises(VoyageError, match=r"two different steps are named 'a': .*test_dag.py:\d+ and .*test_dag.py:\d+"):
+        build_dag([a1, a2])
+
+
+def test_a_cycle_is_an_error_naming_the_steps_in_it():
+    from executor.dag import build_dag
+
+    x = Step("x", t, C(inputs=(output_of("z"),)))
+    y = Step("y", t, C(inputs=(output_of(x),)))
+    z = Step("z", t, C(inputs=(output_of(y),)))
+    with pytest.raises(VoyageError, match=r"cycle between steps: (x -> y -> z -> x|y -> z -> x -> y|z -> x -> y -> z)"):
+        build_dag([x, y, z, Step("w", t, C())])
+
+
+def test_reference_to_an_unknown_name():
+    from executor.dag import build_dag
+
+    with pytest.raises(VoyageError, match="refers to unknown step 'nope'"):
+        build_dag([Step("x", t, C(inputs=(output_of("nope"),)))])
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/../b", "sp ace", "semi;colon", "", "a//b", "é"])
+def test_bad_step_names_are_refused(name):
+    with pytest.raises(VoyageError, match="bad step name"):
+        Step(name, t, C())
+
+
+def test_good_names():
+    for name in ("tokenized/fineweb-edu", "a.b_c-1/x", "v1.2"):
+        Step(name, t, C())
+
+
+def test_config_must_be_a_dataclass_instance():
+    with pytest.raises(VoyageError, match="config must be a dataclass instance"):
+        Step("x", t, {"a": 1})
+
+
+def test_deep_chain_has_no_recursion_limit():
+    from executor.dag import build_dag
+
+    prev = Step("s0", t, C())
+    for i in range(1, 3000):
+        prev = Step(f"s{i}", t, C(inputs=(output_of(prev),)))
+    dag = build_dag([prev])
+    assert len(dag) == 3000 and dag.nodes[0].name == "s0"
