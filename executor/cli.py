@@ -13,9 +13,14 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from executor.errors import VoyageError
+
+if TYPE_CHECKING:
+    from executor.lease import Leases
+    from executor.plan import Plan
+    from executor.voyage import VoyageFile
 
 PROG = "marin-run"
 
@@ -141,24 +146,16 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     return _run(opts, vf, plan, leases)
 
 
-def _run(opts: Options, vf: "object", plan: "object", leases: "object") -> int:
-    from executor import ray_backend, report
-    from executor.placement import fail_if_unplaceable
-    from executor.runner import Runner
+def _run(opts: Options, vf: VoyageFile, plan: Plan, leases: Leases) -> int:
+    from executor import report
+    from executor.api import run_plan
 
-    report.print_plan(plan, sys.stdout)  # type: ignore[arg-type]
-    to_run = plan.to_run()  # type: ignore[attr-defined]
-    if not to_run:
+    report.print_plan(plan, sys.stdout)
+    if not plan.to_run():
         print("nothing to run: every selected step is cached")
         return 0
-    ray_backend.start(opts.ray_address, pickle_by_value=[vf.module])  # type: ignore[attr-defined]
-    try:
-        fail_if_unplaceable({d.name: d.node.step.resources for d in to_run}, ray_backend.cluster_nodes())
-        runner = Runner(plan, ray_backend.RayBackend(), leases, max_concurrent=opts.max_concurrent)  # type: ignore[arg-type]
-        summary = runner.run()
-    finally:
-        ray_backend.stop()
-    report.print_summary(summary, plan, sys.stdout)  # type: ignore[arg-type]
+    summary = run_plan(plan, leases, opts.ray_address, opts.max_concurrent, pickle_by_value=[vf.module])
+    report.print_summary(summary, plan, sys.stdout)
     return summary.exit_code
 
 
@@ -175,29 +172,29 @@ def _cluster_nodes_for_dry_run(opts: Options) -> list[dict[str, float]] | None:
         ray_backend.stop()
 
 
-def _parse_config(vf: "object", overrides: list[str]) -> object:
-    config_class = vf.config_class  # type: ignore[attr-defined]
+def _parse_config(vf: VoyageFile, overrides: list[str]) -> object:
+    config_class = vf.config_class
     if config_class is None:
         if overrides:
             raise VoyageError(f"unrecognized arguments: {' '.join(overrides)} (the voyage takes no config; "
-                              f"see {PROG} {vf.path} --help)")  # type: ignore[attr-defined]
+                              f"see {PROG} {vf.path} --help)")
         return None
-    import draccus
-    from draccus.utils import DraccusException
-
     import contextlib
     import io
+
+    import draccus
+    from draccus.utils import DraccusException
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return draccus.parse(config_class=config_class, args=overrides, prog=f"{PROG} {vf.path}")  # type: ignore[attr-defined]
+            return draccus.parse(config_class=config_class, args=overrides, prog=f"{PROG} {vf.path}")
     except DraccusException as e:
         raise VoyageError(f"config: {e}") from None
     except SystemExit:
         last = [line for line in err.getvalue().splitlines() if line.strip()]
         msg = last[-1].split("error: ", 1)[-1] if last else "bad arguments"
-        raise VoyageError(f"{msg} (see {PROG} {vf.path} --help)") from None  # type: ignore[attr-defined]
+        raise VoyageError(f"{msg} (see {PROG} {vf.path} --help)") from None
 
 
 def _config_help(config_class: type, voyage_path: str) -> None:

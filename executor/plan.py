@@ -122,6 +122,11 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             if d.will_run or d.state == STALE:
                 d.state, d.will_run = SKIPPED, False
                 d.reason = "not selected" + (f" (would be {d.reason})" if d.reason else "")
+        if sel.downstream and d.state == CACHED and (wanted is None or node.name in wanted):
+            changing = tuple(dep.name for dep in node.deps if decisions[dep.name].will_run)
+            if changing:  # decided when they finish: runs only if an input's output changed
+                d.state, d.will_run, d.conditional_on = STALE, True, changing
+                d.reason = f"downstream of {', '.join(changing)}: runs only if their outputs change"
         decisions[node.name] = d
 
     _prune(dag, decisions, sel)
@@ -146,12 +151,8 @@ def _decide_done(node: Node, status: Status, statuses: dict[str, Status | None],
         run = sel.downstream
         hint = "" if run else " (run with --downstream, or --rerun it)"
         return Decision(node, STALE, "; ".join(changed) + hint, will_run=run, status=status)
-    if node.name in downstream_of_forced:
-        upstream_forced = tuple(sorted(f for f in forced))
-        if sel.downstream:
-            return Decision(node, STALE, "downstream of --rerun " + ", ".join(upstream_forced) +
-                            ": runs only if its inputs' outputs change", will_run=True, status=status,
-                            conditional_on=upstream_forced)
+    if node.name in downstream_of_forced and not sel.downstream:
+        upstream_forced = tuple(sorted(forced))
         return Decision(node, CACHED, "cached; becomes STALE if the rerun of " + ", ".join(upstream_forced) +
                         " changes its output", status=status)
     return Decision(node, CACHED, "cached", status=status)

@@ -1,0 +1,328 @@
+"""On-disk formats of the data steps, and a Ray-free reader/writer for each.
+
+Documents: JSONL shards, one object per line (`id`, `text`, optional `metadata`), plain or
+compressed (`.gz`, `.zst`), listed by a `manifest.json` (format `marin-documents/1`).
+
+Tokens: per shard a flat little-endian array `NAME.tokens` (uint16 when the vocabulary fits,
+else uint32) and `NAME.offsets`, int64, the start of every document plus the end (so
+`documents + 1` entries, first 0), listed by a `manifest.json` (format `marin-tokens/1`) with
+token and document counts.
+
+Every file is written under a temporary name and renamed into place, and a shard counts as done
+only once its ledger marker exists, so a half-written shard is never taken for a finished one.
+The trainer reads tokens with `TokenDataset`, which needs neither Ray nor the executor.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import fsspec
+import numpy as np
+import zstandard
+
+DOCS_FORMAT = "marin-documents/1"
+TOKENS_FORMAT = "marin-tokens/1"
+MANIFEST = "manifest.json"
+DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst", ".parquet")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits in 16 bits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+# -- URLs -------------------------------------------------------------------------------------
+
+def url_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(url)
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+def expand(spec: str | Sequence[str], suffixes: Sequence[str] = DOC_SUFFIXES) -> list[str]:
+    """URLs of the input files named by `spec`: URLs, globs or folders (searched recursively
+    for files ending in `suffixes`, skipping hidden and `_`-prefixed names), sorted, deduplicated."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    found: list[str] = []
+    for one in specs:
+        fs, path = url_fs(one)
+        if any(c in path for c in "*?["):
+            hits = sorted(fs.glob(path))
+        elif fs.isdir(path):
+            hits = sorted(p for p in fs.find(path) if p.endswith(tuple(suffixes))
+                          and not any(part.startswith((".", "_")) for part in p[len(path):].split("/") if part))
+        elif fs.exists(path):
+            hits = [path]
+        else:
+            raise FileNotFoundError(f"no such input: {one}")
+        found += [fs.unstrip_protocol(h) if "://" in one else h for h in hits]
+    return list(dict.fromkeys(found))
+
+
+def document_shards(spec: str | Sequence[str]) -> list[str]:
+    """The document shards of a data step's output folder (from its manifest), or of a glob."""
+    if isinstance(spec, str):
+        fs, path = url_fs(spec)
+        if fs.isdir(path) and fs.exists(posixpath.join(path, MANIFEST)):
+            manifest = read_json(join(spec, MANIFEST))
+            return [join(spec, s["path"]) for s in manifest["shards"]]
+    return expand(spec)
+
+
+# -- small files, written atomically ----------------------------------------------------------
+
+def read_json(url: str) -> Any:
+    with fsspec.open(url, "r") as f:
+        return json.load(f)
+
+
+def write_json(url: str, obj: Any) -> None:
+    write_bytes(url, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    with AtomicFile(url) as f:
+        f.write(data)
+
+
+class AtomicFile:
+    """A file written under a temporary name in the same folder and renamed into place on
+    success (deleted on failure), so readers see the whole file or none of it."""
+
+    def __init__(self, url: str) -> None:
+        self.fs, self.path = url_fs(url)
+        head, tail = posixpath.split(self.path)
+        self.tmp = posixpath.join(head, f".tmp-{uuid.uuid4().hex[:12]}-{tail}")
+        self.fs.makedirs(head, exist_ok=True)
+        self.f: Any = None
+
+    def __enter__(self) -> Any:
+        self.f = self.fs.open(self.tmp, "wb")
+        return self.f
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.f.close()
+        if exc_type is None:
+            self.fs.mv(self.tmp, self.path)
+        else:
+            self.fs.rm(self.tmp)
+
+
+# -- documents --------------------------------------------------------------------------------
+
+def _compression(path: str) -> str | None:
+    if path.endswith(".gz"):
+        return "gzip"
+    if path.endswith(".zst"):
+        return "zstd"
+    return None
+
+
+def open_lines(url: str) -> Iterator[bytes]:
+    """The raw lines of a (possibly compressed) text file, streamed."""
+    fs, path = url_fs(url)
+    with fs.open(path, "rb") as raw:
+        if path.endswith(".zst"):
+            stream: Any = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20)
+        elif path.endswith(".gz"):
+            import gzip
+            stream = io.BufferedReader(gzip.GzipFile(fileobj=raw), 1 << 20)
+        else:
+            stream = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw
+        yield from stream
+
+
+def iter_documents(url: str) -> Iterator[dict]:
+    """The documents of one normalized shard, in order."""
+    for line in open_lines(url):
+        if line.strip():
+            yield json.loads(line)
+
+
+def iter_text_batches(url: str, batch_docs: int) -> Iterator[list[str]]:
+    """The texts of one normalized shard in lists of at most `batch_docs`."""
+    batch: list[str] = []
+    loads = json.loads
+    for line in open_lines(url):
+        if line.strip():
+            batch.append(loads(line)["text"])
+            if len(batch) >= batch_docs:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+class DocumentWriter:
+    """Streams documents into one JSONL shard (zstd-compressed when the name ends in .zst),
+    committed atomically on close."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.count = url, 0
+        self._atomic = AtomicFile(url)
+        self._raw = self._atomic.__enter__()
+        self._out = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False) \
+            if url.endswith(".zst") else self._raw
+        self._buf: list[bytes] = []
+        self._size = 0
+
+    def write(self, doc: dict) -> None:
+        line = (json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8")
+        self._buf.append(line)
+        self._size += len(line)
+        self.count += 1
+        if self._size >= 1 << 20:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._out.write(b"".join(self._buf))
+        self._buf, self._size = [], 0
+
+    def close(self, ok: bool = True) -> None:
+        if ok:
+            self._flush()
+            if self._out is not self._raw:
+                self._out.close()
+            self._atomic.__exit__(None)
+        else:
+            self._atomic.__exit__(RuntimeError)
+
+    def __enter__(self) -> "DocumentWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.close(ok=exc_type is None)
+
+
+def write_documents(url: str, docs: Iterable[dict]) -> int:
+    """Write `docs` as one shard; returns how many."""
+    with DocumentWriter(url) as w:
+        for d in docs:
+            w.write(d)
+    return w.count
+
+
+# -- tokens -----------------------------------------------------------------------------------
+
+class TokenShardWriter:
+    """Streams one token shard: `NAME.tokens` and `NAME.offsets` under folder `url`, both
+    committed only by `close()`; memory holds one batch, not the shard."""
+
+    def __init__(self, url: str, name: str, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.tokens = 0
+        self.documents = 0
+        self._tok = AtomicFile(join(url, f"{name}.tokens"))
+        self._off = AtomicFile(join(url, f"{name}.offsets"))
+        self._tf, self._of = self._tok.__enter__(), self._off.__enter__()
+        self._of.write(np.zeros(1, np.int64).tobytes())
+
+    def write(self, flat: np.ndarray, doc_lengths: np.ndarray) -> None:
+        """Append documents given as one flat array of ids and their lengths."""
+        self._tf.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
+        ends = self.tokens + np.cumsum(doc_lengths, dtype=np.int64)
+        self._of.write(ends.tobytes())
+        self.tokens += int(flat.size)
+        self.documents += int(len(doc_lengths))
+
+    def close(self, ok: bool = True) -> None:
+        err = None if ok else RuntimeError
+        self._tok.__exit__(err)
+        self._off.__exit__(err)
+
+    def __enter__(self) -> "TokenShardWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.close(ok=exc_type is None)
+
+
+@dataclass
+class _Shard:
+    name: str
+    tokens: int
+    documents: int
+    start: int  # first token's index in the whole dataset
+
+
+class TokenDataset:
+    """A tokenized dataset (the output of `tokenize`) read from any fsspec URL.
+
+    Local shards are memory-mapped; remote ones are read by byte range. `tokens(start, n)` reads
+    across shard boundaries, `document(i)` returns one document's ids.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.manifest = read_json(join(self.url, MANIFEST))
+        if self.manifest.get("format") != TOKENS_FORMAT:
+            raise ValueError(f"{url}: not a token dataset (format {self.manifest.get('format')!r})")
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.fs, self._root = url_fs(self.url)
+        self._local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.shards: list[_Shard] = []
+        start = 0
+        for s in self.manifest["shards"]:
+            self.shards.append(_Shard(s["name"], s["tokens"], s["documents"], start))
+            start += s["tokens"]
+        self._starts = np.array([s.start for s in self.shards] + [start], dtype=np.int64)
+        self._doc_starts = np.cumsum([0] + [s.documents for s in self.shards], dtype=np.int64)
+        self._maps: dict[str, np.ndarray] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self._doc_starts[-1])
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def _array(self, name: str, suffix: str, dtype: np.dtype, start: int, stop: int) -> np.ndarray:
+        path = posixpath.join(self._root, f"shards/{name}.{suffix}")
+        if self._local:
+            key = f"{name}.{suffix}"
+            if key not in self._maps:
+                self._maps[key] = np.memmap(path, dtype=dtype, mode="r")
+            return np.asarray(self._maps[key][start:stop])
+        data = self.fs.cat_file(path, start * dtype.itemsize, stop * dtype.itemsize)
+        return np.frombuffer(data, dtype=dtype)
+
+    def tokens(self, start: int, n: int) -> np.ndarray:
+        """Tokens `start .. start+n` of the concatenation of all shards."""
+        if start < 0 or start + n > self.num_tokens:
+            raise IndexError(f"tokens {start}..{start + n} out of range 0..{self.num_tokens}")
+        parts = []
+        k = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while n > 0:
+            shard = self.shards[k]
+            lo = start - shard.start
+            take = min(n, shard.tokens - lo)
+            if take > 0:
+                parts.append(self._array(shard.name, "tokens", self.dtype, lo, lo + take))
+            start, n, k = start + take, n - take, k + 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def offsets(self, shard: int) -> np.ndarray:
+        s = self.shards[shard]
+        return self._array(s.name, "offsets", np.dtype(np.int64), 0, s.documents + 1)
+
+    def document(self, i: int) -> np.ndarray:
+        """The ids of document `i` (counting across shards)."""
+        k = int(np.searchsorted(self._doc_starts, i, side="right")) - 1
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range 0..{self.num_documents}")
+        s = self.shards[k]
+        lo, hi = self._array(s.name, "offsets", np.dtype(np.int64), i - int(self._doc_starts[k]),
+                             i - int(self._doc_starts[k]) + 2)
+        return self._array(s.name, "tokens", self.dtype, int(lo), int(hi))

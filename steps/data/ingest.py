@@ -1,0 +1,194 @@
+"""ingest: raw documents from any fsspec URL or glob into normalized JSONL shards.
+
+Inputs are JSONL (plain, gzip or zstd) or Parquet. Every input file is read as a stream by one
+task (`ctx.map`); it becomes one or more output shards `documents/FFFFF-PPPP.jsonl.zst` of at
+most `max_docs_per_shard` documents each, `{"id", "text", "metadata"}` per line. A record that
+cannot be used is never fatal: it is counted under its reason and written, truncated, to
+`rejects/FFFFF.jsonl.zst`. Reasons: `invalid_utf8`, `invalid_json`, `not_an_object`, `no_text`
+(field missing or not a string), `empty_text` (empty or blank), `corrupt_file` (the stream broke
+off; what was read before is kept).
+
+Resumable per input file: a file is done once `ledger/FFFFF.json` exists (written last, after
+its shards were renamed into place), so a crashed run redoes only the unfinished files.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from executor import StepContext, run_only, step_type
+from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, read_json, url_fs, \
+    write_json
+
+REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Where the raw documents are and how to read them."""
+
+    input: str | tuple[str, ...]  # URLs, globs or folders
+    text_field: str = "text"
+    id_field: str | None = "id"  # None: ids are "FILE:LINE"
+    keep_metadata: bool = True  # other fields go under "metadata"
+    max_docs_per_shard: int = 100_000
+    files_per_task: int = run_only(default=1)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One task: input files by index (small, picklable)."""
+
+    output: str
+    files: tuple[tuple[int, str], ...]
+    config: IngestConfig
+
+
+@step_type(version="1", resumable=True)
+def ingest(config: IngestConfig, ctx: StepContext) -> None:
+    """Normalize raw JSONL/Parquet documents into JSONL shards, counting and keeping rejects."""
+    files = expand(config.input)
+    if not files:
+        raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
+    todo = [(i, url) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
+    ctx.logger.info("ingest: %d input files, %d to do", len(files), len(todo))
+    step = max(1, config.files_per_task)
+    jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
+    ctx.map(_ingest_files, jobs)
+
+    shards, rejects, documents = [], collections.Counter(), 0
+    for i in range(len(files)):
+        ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
+        shards += ledger["shards"]
+        rejects.update(ledger["rejects"])
+        documents += ledger["documents"]
+    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
+                                    "rejects": dict(sorted(rejects.items())), "sources": files})
+    ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
+                       rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
+
+
+def _ingest_files(job: _Job) -> int:
+    for index, url in job.files:
+        _ingest_one(job.output, index, url, job.config)
+    return len(job.files)
+
+
+def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None:
+    rejects: collections.Counter = collections.Counter()
+    shards: list[dict[str, Any]] = []
+    writer: DocumentWriter | None = None
+    reject_writer = DocumentWriter(join(output, f"rejects/{index:05d}.jsonl.zst"))
+    stem = posixpath.basename(url_fs(url)[1])
+    try:
+        for line_no, record, reason, raw in _records(url):
+            doc = None if reason else _normalize(record, config, stem, line_no)
+            if isinstance(doc, str):
+                reason, doc = doc, None
+            if doc is None:
+                rejects[reason] += 1
+                reject_writer.write({"source": url, "line": line_no, "reason": reason,
+                                     "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
+                continue
+            if writer is None or writer.count >= config.max_docs_per_shard:
+                if writer is not None:
+                    writer.close()
+                    shards.append({"path": _rel(writer.url, output), "documents": writer.count})
+                writer = DocumentWriter(join(output, f"documents/{index:05d}-{len(shards):04d}.jsonl.zst"))
+            try:
+                writer.write(doc)
+            except UnicodeEncodeError:  # e.g. a lone surrogate inside metadata
+                rejects["invalid_utf8"] += 1
+                reject_writer.write({"source": url, "line": line_no, "reason": "invalid_utf8",
+                                     "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
+    except BaseException:
+        if writer is not None:
+            writer.close(ok=False)
+        reject_writer.close(ok=False)
+        raise
+    if writer is not None:
+        writer.close()
+        shards.append({"path": _rel(writer.url, output), "documents": writer.count})
+    reject_writer.close()
+    write_json(join(output, f"ledger/{index:05d}.json"),
+               {"source": url, "shards": shards, "documents": sum(s["documents"] for s in shards),
+                "rejects": dict(rejects)})
+
+
+def _rel(url: str, root: str) -> str:
+    return url[len(root.rstrip("/")) + 1:]
+
+
+def _records(url: str) -> Iterator[tuple[int, Any, str | None, bytes]]:
+    """(line number, parsed record or None, reject reason or None, raw bytes) per record."""
+    path = url_fs(url)[1]
+    line_no = 0
+    try:
+        if path.endswith(".parquet"):
+            yield from _parquet_records(url)
+            return
+        for line_no, line in enumerate(open_lines(url), start=1):
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                yield line_no, None, "invalid_utf8", line
+                continue
+            try:
+                yield line_no, json.loads(text), None, line
+            except ValueError:
+                yield line_no, None, "invalid_json", line
+    except (OSError, EOFError, ValueError) as e:  # a truncated or corrupt stream: keep what was read
+        yield line_no + 1, None, "corrupt_file", f"{type(e).__name__}: {e}".encode()
+
+
+def _parquet_records(url: str) -> Iterator[tuple[int, Any, str | None, bytes]]:
+    import pyarrow.parquet as pq
+
+    fs, path = url_fs(url)
+    row = 0
+    with fs.open(path, "rb") as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record, None, repr(record).encode("utf-8", "replace")
+
+
+def _normalize(record: Any, config: IngestConfig, stem: str, line_no: int) -> dict | str:
+    """The normalized document, or the reason it is rejected."""
+    if not isinstance(record, dict):
+        return "not_an_object"
+    text = record.get(config.text_field)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return "invalid_utf8"
+    if not isinstance(text, str):
+        return "no_text"
+    if not text.strip():
+        return "empty_text"
+    try:
+        text.encode("utf-8")  # lone surrogates from "\udXXX" escapes are not valid UTF-8
+    except UnicodeEncodeError:
+        return "invalid_utf8"
+    doc_id = record.get(config.id_field) if config.id_field else None
+    doc: dict[str, Any] = {"id": str(doc_id) if doc_id is not None else f"{stem}:{line_no}", "text": text}
+    if config.keep_metadata:
+        meta = {k: v for k, v in record.items() if k not in (config.text_field, config.id_field)}
+        if meta:
+            doc["metadata"] = _jsonable(meta)
+    return doc
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,158 @@
+"""`marin-run`: flags, the voyage's config through draccus, exit codes and one-line errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from executor.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HELLO = os.path.join(ROOT, "voyages", "hello.py")
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("marin-run: error: ")
+    return lines[0]
+
+
+def write_voyage(tmp_path, body, name="v.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+VOYAGE_HEAD = """
+from dataclasses import dataclass
+from executor import Step, step_type, output_of
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 2
+
+@dataclass(frozen=True)
+class C:
+    src: str = ""
+
+@step_type(version="1")
+def t(config: C, ctx):
+    pass
+"""
+
+
+def test_help_lists_flags_and_config_fields_without_ray_or_torch():
+    code = ("import sys; from executor.cli import main; rc = main([%r, '--help']); "
+            "print('IMPORTED', [m for m in ('ray', 'torch') if m in sys.modules]); sys.exit(rc)" % HELLO)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--dry-run", "--rerun", "--downstream", "--only", "--prefix", "--ray-address", "--max-concurrent",
+                 "--n_files", "--words_per_file", "--top_k"):
+        assert flag in out.stdout
+    assert "IMPORTED []" in out.stdout
+
+
+def test_dry_run_prints_counts_then_steps_and_writes_nothing(tmp_path, capsys):
+    prefix = tmp_path / "prefix"
+    code, out, err = run_cli([HELLO, "--dry-run", "--prefix", str(prefix), "--n_files", "3"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("plan of 8 steps") and "RUN 8" in lines[0]
+    assert any("hello/count/2" in line and str(prefix) in line and "new step" in line for line in lines)
+    assert not prefix.exists()
+
+
+def test_missing_voyage_file(tmp_path, capsys):
+    code, _, err = run_cli([str(tmp_path / "nope.py"), "--dry-run"], capsys)
+    assert code == 2 and "not found" in one_error_line(err)
+
+
+def test_syntax_error_names_file_and_line(tmp_path, capsys):
+    path = write_voyage(tmp_path, "x = 1\ndef voyage(:\n    pass\n")
+    code, _, err = run_cli([path, "--dry-run"], capsys)
+    assert code == 2 and f"{path}:2:" in one_error_line(err)
+
+
+def test_exception_in_voyage_names_file_and_line(tmp_path, capsys):
+    path = write_voyage(tmp_path, VOYAGE_HEAD + "\ndef voyage(config: Cfg):\n    return [1 / 0]\n")
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    line = one_error_line(err)
+    assert code == 2 and f"{path}:18: ZeroDivisionError" in line
+
+
+def test_unknown_flag_gives_usage(capsys):
+    code, _, err = run_cli([HELLO, "--dry-run", "--no-such-flag", "3"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "unrecognized arguments: --no-such-flag 3" in line and "--help" in line
+
+
+def test_config_value_of_the_wrong_type_names_the_field(capsys):
+    code, _, err = run_cli([HELLO, "--dry-run", "--n_files", "many"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "n_files" in line and "many" in line
+
+
+def test_cycle_is_exit_2(tmp_path, capsys):
+    path = write_voyage(tmp_path, VOYAGE_HEAD + """
+def voyage(config: Cfg):
+    a = Step("a", t, C(src=output_of("b")))
+    b = Step("b", t, C(src=output_of(a)))
+    return [a, b]
+""")
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    assert code == 2 and "cycle between steps: a -> b -> a" in one_error_line(err)
+
+
+@pytest.mark.parametrize("name", ["../up", "/abs", "bad name!"])
+def test_bad_step_name_is_exit_2_with_file_and_line(tmp_path, capsys, name):
+    path = write_voyage(tmp_path, VOYAGE_HEAD + f"""
+def voyage(config: Cfg):
+    return [Step({name!r}, t, C())]
+""")
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "bad step name" in line and f"{path}:18" in line
+
+
+def test_unknown_rerun_name_suggests_the_closest(tmp_path, capsys):
+    code, _, err = run_cli([HELLO, "--dry-run", "--prefix", str(tmp_path), "--rerun", "hello/merj"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "no step named 'hello/merj'" in line and "hello/merge" in line
+
+
+def test_unwritable_prefix_is_found_before_anything_runs(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_cli([HELLO, "--prefix", str(blocker / "out")], capsys)
+    assert code == 2 and "cannot be written" in one_error_line(err)
+
+
+def test_run_cached_rerun_and_failure_exit_codes(tmp_path, capsys, ray_local):
+    prefix = str(tmp_path / "p")
+    code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2"], capsys)
+    assert code == 0 and "SUCCESS 6" in out
+    report = next((tmp_path / "p" / "hello").glob("report-*/report.md")).read_text()
+    assert report.startswith("| word | count | share |")
+    code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2"], capsys)
+    assert code == 0 and "CACHED 6" in out and "nothing to run" in out
+    code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2", "--rerun", "hello/merge"], capsys)
+    assert code == 0 and "RERUN 1" in out and "SUCCESS 1" in out
+    failing = write_voyage(tmp_path, VOYAGE_HEAD + """
+@step_type(version="1")
+def boom(config: C, ctx):
+    raise ValueError("no good")
+
+def voyage(config: Cfg):
+    return [Step("boom", boom, C()), Step("fine", t, C())]
+""", name="failing.py")
+    code, out, _ = run_cli([failing, "--prefix", prefix], capsys)
+    assert code == 1 and "FAILED" in out and "ValueError: no good" in out and ".step.json" in out

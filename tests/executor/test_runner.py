@@ -1,0 +1,214 @@
+"""Running plans on a real (embedded, local) Ray: failures, reruns, staleness, selection, placement."""
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from executor import Resources, RetryPolicy, Step, VoyageError, output_of, run_only, step_type
+from executor.api import plan_steps, run_plan, run_steps
+from executor.plan import Selection
+from executor.store import Store
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_here(ray_local):
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import test modules
+    yield
+
+
+@dataclass(frozen=True)
+class Make:
+    value: str
+    sleep: float = run_only(default=0.0)
+    salt_file: str = run_only(default="")  # when set, the output changes with this file's content
+
+
+@step_type(version="1")
+def make(config: Make, ctx) -> None:
+    time.sleep(config.sleep)
+    salt = open(config.salt_file).read() if config.salt_file else ""
+    with ctx.open("value.txt", "w") as f:
+        f.write(config.value + salt)
+    ctx.results["wrote"] = config.value
+
+
+@dataclass(frozen=True)
+class Join:
+    parts: tuple
+    fail: bool = False
+
+
+@step_type(version="1")
+def join(config: Join, ctx) -> None:
+    import fsspec
+
+    if config.fail:
+        raise RuntimeError("this step fails on purpose")
+    text = "+".join(fsspec.open(p, "r").open().read() for p in config.parts)
+    with ctx.open("joined.txt", "w") as f:
+        f.write(text)
+
+
+@dataclass(frozen=True)
+class Flaky:
+    marker: str
+
+
+@step_type(version="1")
+def flaky(config: Flaky, ctx) -> None:
+    if not os.path.exists(config.marker):
+        open(config.marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    with ctx.open("ok.txt", "w") as f:
+        f.write("ok")
+
+
+def voyage(fail=False, salt_file=""):
+    a = Step("a", make, Make("A", salt_file=salt_file))
+    b = Step("b", make, Make("B"))
+    ab = Step("ab", join, Join((output_of(a, "value.txt"), output_of(b, "value.txt")), fail=fail))
+    abc = Step("abc", join, Join((output_of(ab, "joined.txt"), output_of(b, "value.txt"))))
+    lone = Step("lone", make, Make("L"))
+    return [abc, lone]
+
+
+def read(store, plan, name, file):
+    return open(os.path.join(store.prefix, plan.dag[name].dirname, file)).read()
+
+
+def test_run_then_everything_cached(tmp_path):
+    plan, summary = run_steps(voyage(), str(tmp_path))
+    assert summary.exit_code == 0
+    assert {o.state for o in summary.outcomes.values()} == {"SUCCESS"}
+    store = Store(str(tmp_path))
+    assert read(store, plan, "abc", "joined.txt") == "A+B+B"
+    record = store.read_record(plan.dag["a"].dirname)
+    assert record.state == "SUCCESS" and record.results == {"wrote": "A"} and len(record.attempts) == 1
+    assert record.digest == plan.dag["a"].digest and len(record.digest) == 64
+    abc = store.read_record(plan.dag["abc"].dirname)
+    assert {i.name for i in abc.inputs} == {"ab", "b"} and all(i.output_digest for i in abc.inputs)
+    plan2, _ = plan_steps(voyage(), str(tmp_path))
+    assert plan2.counts() == {"CACHED": 5}
+
+
+def test_a_failure_blocks_its_dependents_only(tmp_path):
+    plan, summary = run_steps(voyage(fail=True), str(tmp_path))
+    states = {n: o.state for n, o in summary.outcomes.items()}
+    assert states == {"a": "SUCCESS", "b": "SUCCESS", "ab": "FAILED", "abc": "BLOCKED", "lone": "SUCCESS"}
+    assert summary.exit_code == 1
+    assert "fails on purpose" in summary.outcomes["ab"].error
+    store = Store(str(tmp_path))
+    record = store.read_record(plan.dag["ab"].dirname)
+    assert record.state == "FAILED" and "RuntimeError: this step fails on purpose" in record.attempts[-1].traceback
+    assert store.read_status(plan.dag["ab"].dirname).state == "FAILED"
+    plan2, _ = plan_steps(voyage(fail=True), str(tmp_path))
+    assert plan2["ab"].state == "RETRY" and plan2["abc"].state == "RUN"
+
+
+def test_rerun_keeps_history_and_early_cutoff_when_bytes_are_identical(tmp_path):
+    run_steps(voyage(), str(tmp_path))
+    plan, summary = run_steps(voyage(), str(tmp_path), Selection(rerun=("a",), downstream=True))
+    assert summary.outcomes["a"].state == "SUCCESS"
+    assert summary.outcomes["ab"].state == "CACHED" and "early cutoff" in summary.outcomes["ab"].reason
+    assert summary.outcomes["lone"].state == "CACHED"  # not selected, and cached: untouched
+    assert summary.stale_after == []
+    record = Store(str(tmp_path)).read_record(plan.dag["a"].dirname)
+    assert [a.state for a in record.attempts] == ["SUCCESS", "SUCCESS"]
+    assert record.attempts[1].reason.startswith("RERUN")
+
+
+def test_rerun_with_changed_output_makes_consumers_stale(tmp_path):
+    salt = tmp_path / "salt"
+    salt.write_text("1")
+    prefix = str(tmp_path / "p")
+    run_steps(voyage(salt_file=str(salt)), prefix)
+    salt.write_text("2")  # the same recipe now writes other bytes
+    plan, summary = run_steps(voyage(salt_file=str(salt)), prefix, Selection(rerun=("a",)))
+    assert summary.outcomes["a"].state == "SUCCESS" and summary.outcomes["ab"].state == "CACHED"
+    assert summary.stale_after == ["ab"]
+    plan2, _ = plan_steps(voyage(salt_file=str(salt)), prefix)
+    assert plan2["ab"].state == "STALE" and not plan2["ab"].will_run
+    assert "input a output changed" in plan2["ab"].reason
+    assert plan2["abc"].state == "CACHED"  # its own inputs have not changed (yet)
+    # --downstream runs the stale consumers, and then theirs
+    plan3, summary3 = run_steps(voyage(salt_file=str(salt)), prefix, Selection(downstream=True))
+    assert summary3.outcomes["ab"].state == "SUCCESS"
+    assert read(Store(prefix), plan3, "abc", "joined.txt") == "A2+B+B"
+    assert summary3.outcomes["abc"].state == "SUCCESS"
+
+
+def test_only_runs_the_named_steps_and_what_they_need(tmp_path):
+    plan, summary = run_steps(voyage(), str(tmp_path), Selection(only=("ab",)))
+    states = {n: o.state for n, o in summary.outcomes.items()}
+    assert states == {"a": "SUCCESS", "b": "SUCCESS", "ab": "SUCCESS", "abc": "SKIPPED", "lone": "SKIPPED"}
+
+
+def test_partial_output_of_an_interrupted_attempt_is_cleared(tmp_path):
+    plan, _ = plan_steps(voyage(), str(tmp_path))
+    store = Store(str(tmp_path))
+    d = plan.dag["a"].dirname
+    store.fs.makedirs(store.path(d), exist_ok=True)
+    store.fs.pipe_file(store.path(d, "half-written.bin"), b"junk")
+    store.fs.pipe_file(store.path(d, ".status"), json.dumps({"state": "RUNNING", "digest": plan.dag["a"].digest}).encode())
+    plan, summary = run_steps(voyage(), str(tmp_path))
+    assert plan["a"].state == "RETRY" and "interrupted" in plan["a"].reason
+    assert summary.outcomes["a"].state == "SUCCESS"
+    assert [m.path for m in store.manifest(d)] == ["value.txt"]
+
+
+def test_a_folder_with_files_but_no_success_is_not_cached(tmp_path):
+    plan, _ = plan_steps(voyage(), str(tmp_path))
+    store = Store(str(tmp_path))
+    d = plan.dag["b"].dirname
+    store.fs.pipe_file(store.path(d, "value.txt"), b"B")  # looks done, is not
+    plan, _ = plan_steps(voyage(), str(tmp_path))
+    assert plan["b"].state == "RUN"
+
+
+def test_unplaceable_resources_fail_before_anything_runs(tmp_path):
+    gpu = Step("train", make, Make("T"), resources=Resources(gpus=8, accelerator="GB200"))
+    plan, leases = plan_steps([gpu, Step("fine", make, Make("F"))], str(tmp_path))
+    with pytest.raises(VoyageError, match=r"step 'train' needs .*GB200.*no node can ever run it: GB200=8 \(largest node has 0\)"):
+        run_plan(plan, leases)
+    assert not any(p.name != ".lease" for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_independent_steps_overlap_and_max_concurrent_serializes(tmp_path):
+    steps = [Step(f"s{i}", make, Make(str(i), sleep=1.0)) for i in range(2)]
+    for limit, overlap in ((2, True), (1, False)):
+        _, summary = run_steps(steps, str(tmp_path / str(limit)), max_concurrent=limit)
+        a, b = (summary.outcomes[f"s{i}"] for i in range(2))
+        overlaps = a.started < b.ended and b.started < a.ended
+        assert overlaps == overlap, (limit, a, b)
+
+
+def test_retry_policy_on_exception(tmp_path):
+    marker = str(tmp_path / "marker")
+    s = Step("flaky", flaky, Flaky(marker), retry=RetryPolicy(max_attempts=2, on_exception=True))
+    plan, summary = run_steps([s], str(tmp_path / "p"))
+    assert summary.outcomes["flaky"].state == "SUCCESS" and summary.outcomes["flaky"].attempts == 2
+    record = Store(str(tmp_path / "p")).read_record(plan.dag["flaky"].dirname)
+    assert [a.state for a in record.attempts] == ["FAILED", "SUCCESS"]
+    # without the policy a user exception is not retried
+    os.remove(marker)
+    _, summary = run_steps([Step("flaky", flaky, Flaky(marker))], str(tmp_path / "q"))
+    assert summary.outcomes["flaky"].state == "FAILED"
+
+
+def test_a_step_leased_by_a_live_executor_waits(tmp_path):
+    from executor.lease import Leases, Owner
+
+    plan, _ = plan_steps(voyage(), str(tmp_path))
+    store = Store(str(tmp_path))
+    other = Leases(store, ttl=60, owner=Owner("otherhost", 4242, "someone-else"))
+    d = plan.dag["lone"].dirname
+    other.try_acquire(d)
+    store.write_status(d, __import__("executor.store", fromlist=["Status"]).Status(state="RUNNING", digest=plan.dag["lone"].digest))
+    plan, _ = plan_steps(voyage(), str(tmp_path))
+    assert plan["lone"].state == "WAITING" and "otherhost pid 4242" in plan["lone"].reason
