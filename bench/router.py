@@ -1,8 +1,8 @@
 """Check and time the MoE router: the fused Triton op against unfused eager torch and against
 torch.compile of the same reference, forward alone and forward + backward.
 
-    python bench/router.py --device cuda           # one H200: T in {8k, 32k, 64k} x E in {64, 128, 384}, K = 8
-    python bench/router.py --device cpu --small    # reduced form under TRITON_INTERPRET=1 (run by the tests)
+    python bench/router.py --device cuda          # one H200: T 8k/32k/64k x E 64/128/384, K = 8
+    python bench/router.py --device cpu --small   # reduced, TRITON_INTERPRET=1 (run by the tests)
 
 Bandwidth is effective: the bytes the router must move at the least (read the fp32 logits, write
 the outputs; in the backward read the logits again and write their gradient), divided by the
@@ -35,10 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-static", action="store_true",
                    help="compile one graph per token count instead of one per expert count")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
-                   help="also time other tile shapes of the fused kernels (default: on for cuda)")
+                   help="also time other tile shapes and grid sizes of the fused kernels at the "
+                        "largest E (default: on for the full cuda form)")
     args = p.parse_args(argv)
     if args.tokens is None:
-        args.tokens = [64, 200] if args.small else [8192, 32768, 65536]
+        args.tokens = [32, 96] if args.small else [8192, 32768, 65536]
     if args.experts is None:
         args.experts = [16, 64] if args.small else [64, 128, 384]
     if args.sweep is None:
@@ -68,7 +69,7 @@ def timer(device: str):
     def cpu_time(fn) -> float:
         fn()
         samples = []
-        for _ in range(3):
+        for _ in range(2):
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
@@ -88,8 +89,10 @@ def copy_gbps(device: str, time_ms) -> float:
 
 def min_bytes(T: int, E: int, K: int) -> tuple[int, int]:
     """Least traffic of the forward and of the backward, in bytes."""
-    fwd = 4 * T * E + 4 * E + 8 * T * K + 4 * T + 8 * E  # logits, bias -> weights, indices, lse, counts, sums
-    bwd = 4 * T * E + 4 * T + 8 * T * K + 4 * T + 4 * E + 4 * T * E  # logits, lse, indices, dw, dlse, dsums -> dlogits
+    # forward: logits, bias -> weights, indices, lse, counts, sums
+    fwd = 4 * T * E + 4 * E + 8 * T * K + 4 * T + 8 * E
+    # backward: logits, lse, indices, dweights, dlse, dsums -> dlogits
+    bwd = 4 * T * E + 4 * T + 8 * T * K + 4 * T + 4 * E + 4 * T * E
     return fwd, bwd
 
 
@@ -179,9 +182,10 @@ def main(args: argparse.Namespace) -> int:
                 saved = saved_bytes(lambda x: forward(impl, x), logits_TE) / 1e6
                 print(f"{T:>6} {E:>4} {impl:>9} {f_ms:>9.3f} {fwd_b / f_ms / 1e6:>7.1f} {fb_ms:>11.3f} "
                       f"{fb_gbps:>7.1f} {100 * fb_gbps / copy:>5.1f}% {eager_ms / fb_ms:>7.2f}x {saved:>9.2f}")
-        if args.sweep:
-            sweep(E, max(args.tokens), K, sf, bias_E, gen, time_ms, copy)
 
+    if args.sweep:
+        sweep(max(args.experts), 32768 if 32768 in args.tokens else max(args.tokens), K, sf, gen,
+              time_ms, copy)
     T_t = 32768 if 32768 in args.tokens else max(args.tokens)
     E_t = 384 if 384 in args.experts else max(args.experts)
     f_fb = results[(T_t, E_t, "fused")][1]
@@ -204,34 +208,38 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def sweep(E: int, T: int, K: int, sf: str, bias_E, gen, time_ms, copy: float) -> None:
-    """Time the fused kernels directly over other tile shapes, to tune tile_config on new hardware."""
+def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
+    """Time the fused kernels directly over nearby tile shapes and grid sizes, to set
+    router_kernel.tile_config and max_programs from measurements on new hardware."""
+    device = torch.device(ARGS.device)
+    bias_E = torch.randn(E, generator=gen, device=device) * 0.05
     logits_TE = untied_logits(T, E, K, sf, bias_E, gen)
-    dw_TK = torch.randn(T, K, generator=gen, device=logits_TE.device)
-    dlse_T, dsums_E = torch.zeros(T, device=logits_TE.device), torch.zeros(E, device=logits_TE.device)
-    default = router_kernel.tile_config(T, E)
-    rows = []
-    for bt in [4, 8, 16, 32, 64, 128]:
-        for warps in [2, 4, 8, 16]:
-            if bt * triton_next_pow2(E) > 32768:
-                continue
+    dw_TK = torch.randn(T, K, generator=gen, device=device)
+    dlse_T, dsums_E = torch.zeros(T, device=device), torch.zeros(E, device=device)
+    bt0, w0 = router_kernel.tile_config(T, E)
+    p0 = router_kernel.max_programs(device)
 
-            def run():
-                w, idx, _, lse, _ = router_kernel.router_forward(logits_TE, bias_E, K, sf, True, 1.0,
-                                                                 block_t=bt, num_warps=warps)
-                router_kernel.router_backward(logits_TE, lse, idx, dw_TK, dlse_T, dsums_E, sf, True, 1.0,
-                                              block_t=bt, num_warps=warps)
+    def run_ms(bt: int, warps: int, programs: int) -> float:
+        def run():
+            w, idx, _, lse, _ = router_kernel.router_forward(
+                logits_TE, bias_E, K, sf, True, 1.0, block_t=bt, num_warps=warps, programs=programs)
+            router_kernel.router_backward(logits_TE, lse, idx, dw_TK, dlse_T, dsums_E, sf, True, 1.0,
+                                          block_t=bt, num_warps=warps)
+        return time_ms(run)
 
-            rows.append((time_ms(run), bt, warps))
-    rows.sort()
-    gbps = sum(min_bytes(T, E, K)) / rows[0][0] / 1e6
-    default_ms = next(ms for ms, bt, w in rows if (bt, w) == default)
-    print(f"  sweep T={T} E={E}: best BT={rows[0][1]} warps={rows[0][2]} {rows[0][0]:.3f} ms "
-          f"({100 * gbps / copy:.1f}% copy); default BT={default[0]} warps={default[1]} {default_ms:.3f} ms")
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+    tiles = sorted({(max(1, int(bt0 * m)), w) for m in (0.5, 1, 2, 4) for w in (4, 8)})
+    rows = sorted((run_ms(bt, w, p0), bt, w) for bt, w in tiles)
+    best_ms, bt, w = rows[0]
+    grids = sorted((run_ms(bt, w, p0 * m // 2), p0 * m // 2) for m in (1, 2, 4, 8))
+    default_ms = next(ms for ms, b, ww in rows if (b, ww) == (bt0, w0))
+    gbps = sum(min_bytes(T, E, K)) / min(best_ms, grids[0][0]) / 1e6
+    print(f"\nsweep of the fused fwd+bwd at T={T}, E={E}: default BT={bt0} warps={w0} programs={p0}: "
+          f"{default_ms:.3f} ms; best BT={bt} warps={w} programs={grids[0][1]}: "
+          f"{min(best_ms, grids[0][0]):.3f} ms ({100 * gbps / copy:.1f}% of copy)")
+    for ms, b, ww in rows:
+        print(f"  BT={b:<4} warps={ww:<2} programs={p0:<5} {ms:.3f} ms")
+    for ms, p in grids:
+        print(f"  BT={bt:<4} warps={w:<2} programs={p:<5} {ms:.3f} ms")
 
 
 if __name__ == "__main__":

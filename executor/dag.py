@@ -83,21 +83,40 @@ class Dag:
         return out
 
 
+_SCALARS = (str, int, float, bool, type(None), OwnOutput, bytes)
+
+
 def iter_refs(value: Any) -> Iterator[InputRef]:
     """Every InputRef anywhere inside a config value."""
-    if isinstance(value, InputRef):
-        yield value
-    elif isinstance(value, (str, int, float, bool, type(None), OwnOutput)):
+    out: list[InputRef] = []
+    _collect_refs(value, out)
+    return iter(out)
+
+
+def _collect_refs(value: Any, out: list[InputRef]) -> None:
+    if isinstance(value, _SCALARS):
         return
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from iter_refs(getattr(value, f.name))
+    if isinstance(value, InputRef):
+        out.append(value)
     elif isinstance(value, (list, tuple, set, frozenset)):
         for v in value:
-            yield from iter_refs(v)
+            _collect_refs(v, out)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from iter_refs(v)
+            _collect_refs(v, out)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for name in _field_names(type(value)):
+            _collect_refs(getattr(value, name), out)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def build_dag(steps: Iterable[Step]) -> Dag:

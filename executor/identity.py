@@ -82,20 +82,38 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config") -> Any:
 
 def _encode_fields(obj: Any, digest_of: DigestOf, path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        if f.metadata.get("run_only") or not f.init:
+    for name, default_enc in _field_plan(type(obj), digest_of):
+        fpath = f"{path}.{name}"
+        enc = encode(getattr(obj, name), digest_of, fpath)
+        # Encodings are plain lists/strings/bools, so == is exact (1, 1.0 and True differ by tag).
+        if default_enc is not _NO_DEFAULT and enc == default_enc:
             continue
-        fpath = f"{path}.{f.name}"
-        enc = encode(getattr(obj, f.name), digest_of, fpath)
-        default = _default_of(f)
-        if default is not dataclasses.MISSING:
-            try:
-                if _canonical(enc) == _canonical(encode(default, digest_of, fpath)):
-                    continue
-            except IdentityError:
-                pass
-        out[f.name] = enc
+        out[name] = enc
     return out
+
+
+_NO_DEFAULT = object()
+_FIELD_PLANS: dict[type, list[tuple[str, Any]]] = {}
+
+
+def _field_plan(cls: type, digest_of: DigestOf) -> list[tuple[str, Any]]:
+    """(name, encoding of its default) for the identity fields of a dataclass type, once per type."""
+    plan = _FIELD_PLANS.get(cls)
+    if plan is None:
+        plan = []
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("run_only") or not f.init:
+                continue
+            default = _default_of(f)
+            default_enc: Any = _NO_DEFAULT
+            if default is not dataclasses.MISSING:
+                try:
+                    default_enc = encode(default, digest_of, f"{cls.__qualname__}.{f.name}")
+                except Exception:  # a default that cannot be encoded is never "equal to default"
+                    default_enc = _NO_DEFAULT
+            plan.append((f.name, default_enc))
+        _FIELD_PLANS[cls] = plan
+    return plan
 
 
 def _default_of(f: dataclasses.Field) -> Any:

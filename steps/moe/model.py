@@ -7,15 +7,18 @@ Design choices (the reasons are in docs/moe.md):
 - Every block's feed-forward is an MoE: an fp32 router picks `top_k` of `n_experts` SwiGLU experts
   per token (selection by score + a load-balancing bias, weights from the unbiased scores), plus
   shared SwiGLU experts every token goes through, added to the routed output.
-- Routed experts are 3-D weights; tokens are sorted by expert with a stable argsort and run with
-  one torch._grouped_mm per projection.
+- Routed experts are 3-D weights; tokens are sorted by expert with a stable argsort, each
+  expert's rows padded to a multiple of `expert_align`, and run with one torch._grouped_mm per
+  projection. The shared experts are one dense SwiGLU of width n_shared * shared_expert_dim,
+  which is the same function and parameter count as n_shared separate ones summed.
 - Router losses: z-loss on the log-sum-exp of the logits, an optional auxiliary balance loss;
   balance comes mainly from the expert bias, updated once per optimizer step (balance.py).
 - Untied input and output embeddings.
 
 Shape legend: B batch, S sequence, D model width, H query heads, G key/value heads, A head width,
 R = A/2 rotary frequencies, V vocabulary, T = B*S tokens, E routed experts, K experts per token,
-N = T*K token-expert slots, F routed expert width, W shared FFN width, L layers.
+N = T*K token-expert slots, P rows of the expert-sorted buffer (N plus each expert's padding),
+F routed expert width.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ class MoEConfig:
     n_experts: int = 384
     top_k: int = 8
     expert_dim: int = 1536  # per-matrix width; "width 3072" is the fused gate+up projection
+    expert_align: int = 8  # rows per expert padded to a multiple: 16-byte group starts in bf16
     n_shared_experts: int = 2
     shared_expert_dim: int = 3072
     score_func: str = "sigmoid"
@@ -53,10 +57,18 @@ class MoEConfig:
     z_loss_coef: float = 1e-4
     aux_loss_coef: float = 0.0
     bias_update_rate: float = 1e-3
-    max_seq_len: int = 4096
+    max_seq_len: int = 4096  # the context the trainer feeds; rotary tables are built per call
     rope_theta: float = 500_000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"score_func must be softmax or sigmoid, got {self.score_func!r}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k={self.top_k} must lie in [1, n_experts={self.n_experts}]")
+        if self.n_heads % self.n_kv_heads or self.head_dim % 2 or self.expert_align < 1:
+            raise ValueError("n_heads must be a multiple of n_kv_heads, head_dim even, expert_align >= 1")
 
     def is_global(self, layer: int) -> bool:
         return self.sliding_window <= 0 or (layer + 1) % self.global_every == 0
@@ -121,8 +133,11 @@ class Attention(nn.Module):
             i_S = torch.arange(S, device=x_BSD.device)
             lag_SS = i_S[:, None] - i_S[None, :]
             mask_SS = (lag_SS >= 0) & (lag_SS < self.window)
-            o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, attn_mask=mask_SS,
-                                                    enable_gqa=True)
+            # With a mask, only the memory-efficient kernel avoids the S x S math path, and it
+            # takes no grouped heads: repeat K and V to H heads here.
+            rep = self.n_heads // self.n_kv_heads
+            k_BHSA, v_BHSA = k_BGSA.repeat_interleave(rep, 1), v_BGSA.repeat_interleave(rep, 1)
+            o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BHSA, v_BHSA, attn_mask=mask_SS)
         else:
             o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, is_causal=True,
                                                     enable_gqa=True)
@@ -142,21 +157,59 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x_TD)) * self.w3(x_TD))
 
 
+def expert_layout(idx_TK: Tensor, counts_E: Tensor, align: int) -> tuple[Tensor, Tensor, int]:
+    """Where each token-expert slot (t, k) goes in the expert-sorted buffer, in which every
+    expert's group of rows is padded to a multiple of `align` rows. Returns the row of each slot
+    [N], the end of each expert's group [E] (grouped_mm's offsets) and a row count that bounds
+    the buffer without a device-to-host sync."""
+    E = counts_E.numel()
+    flat_N = idx_TK.reshape(-1)
+    order_N = torch.argsort(flat_N, stable=True)  # stable: tokens keep their order within an expert
+    padded_E = (counts_E + align - 1) // align * align
+    offs_E = torch.cumsum(padded_E, 0, dtype=torch.int32)
+    shift_E = (offs_E - padded_E) - (torch.cumsum(counts_E, 0, dtype=torch.int32) - counts_E)
+    row_N = torch.empty_like(order_N)
+    row_N[order_N] = torch.arange(flat_N.numel(), device=flat_N.device) + shift_E[flat_N[order_N]]
+    return row_N, offs_E, flat_N.numel() + (align - 1) * E
+
+
 class _Dispatch(torch.autograd.Function):
-    """x_TD[token_N] with a backward that sums each token's K slots in a fixed order, instead of
-    the atomic scatter-add of indexing's backward, so gradients are bitwise reproducible."""
+    """Copy each token to its K rows of the expert-sorted buffer (padding rows stay zero, so they
+    add nothing to any gradient). The backward gathers the K rows back and sums them in a fixed
+    order, not with the atomic scatter-add of indexing's backward: gradients stay bitwise
+    reproducible."""
 
     @staticmethod
-    def forward(ctx, x_TD: Tensor, order_N: Tensor, inverse_N: Tensor, k: int) -> Tensor:
-        ctx.save_for_backward(inverse_N)
-        ctx.k = k
-        return x_TD[order_N // k]
+    def forward(ctx, x_TD: Tensor, row_N: Tensor, n_rows: int) -> Tensor:
+        T, D = x_TD.shape
+        ctx.save_for_backward(row_N)
+        ctx.n_tokens = T
+        x_PD = x_TD.new_zeros(n_rows, D)
+        x_PD.index_put_((row_N.view(T, -1),), x_TD.unsqueeze(1).expand(T, row_N.numel() // T, D))
+        return x_PD
 
     @staticmethod
-    def backward(ctx, dx_ND: Tensor):
-        (inverse_N,) = ctx.saved_tensors
-        dx_TKD = dx_ND[inverse_N].view(-1, ctx.k, dx_ND.shape[-1])
-        return dx_TKD.sum(1), None, None, None
+    def backward(ctx, dx_PD: Tensor):
+        (row_N,) = ctx.saved_tensors
+        return dx_PD[row_N].view(ctx.n_tokens, -1, dx_PD.shape[-1]).sum(1), None, None
+
+
+class _RouterLogits(torch.autograd.Function):
+    """fp32 logits from bf16 activations, keeping the activations as they came for the backward:
+    F.linear(x.float(), w) would keep the fp32 copy of x, T*D*4 bytes per layer (805 MB at
+    T = 32k, D = 6144), when x itself is already kept by the shared experts."""
+
+    @staticmethod
+    def forward(ctx, x_TD: Tensor, w_ED: Tensor) -> Tensor:
+        ctx.save_for_backward(x_TD, w_ED)
+        return x_TD.float() @ w_ED.float().T
+
+    @staticmethod
+    def backward(ctx, dlogits_TE: Tensor):
+        x_TD, w_ED = ctx.saved_tensors
+        dx_TD = (dlogits_TE @ w_ED.float()).to(x_TD.dtype)
+        dw_ED = (dlogits_TE.T @ x_TD.float()).to(w_ED.dtype)
+        return dx_TD, dw_ED
 
 
 class MoE(nn.Module):
@@ -179,7 +232,7 @@ class MoE(nn.Module):
     def forward(self, x_BSD: Tensor) -> tuple[Tensor, Tensor]:
         cfg = self.cfg
         x_TD = x_BSD.reshape(-1, x_BSD.shape[-1])
-        logits_TE = F.linear(x_TD.float(), self.router.weight.float())
+        logits_TE = _RouterLogits.apply(x_TD, self.router.weight)
         r = route(logits_TE, self.expert_bias_E, cfg.top_k, cfg.score_func, cfg.renormalize,
                   cfg.route_scale, cfg.router_impl)
         if self.training:
@@ -195,16 +248,13 @@ class MoE(nn.Module):
 
     def _routed(self, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor) -> Tensor:
         T, K = idx_TK.shape
-        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
-        inverse_N = torch.empty_like(order_N)
-        inverse_N[order_N] = torch.arange(order_N.numel(), device=order_N.device)
-        offs_E = torch.cumsum(counts_E, 0, dtype=torch.int32)
-        x_ND = _Dispatch.apply(x_TD, order_N, inverse_N, K)
+        row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, self.cfg.expert_align)
+        x_PD = _Dispatch.apply(x_TD, row_N, n_rows)
         # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
-        h_NF = F.silu(torch._grouped_mm(x_ND, self.w1_EFD.transpose(-2, -1), offs=offs_E))
-        h_NF = h_NF * torch._grouped_mm(x_ND, self.w3_EFD.transpose(-2, -1), offs=offs_E)
-        y_ND = torch._grouped_mm(h_NF, self.w2_EDF.transpose(-2, -1), offs=offs_E)
-        y_TKD = y_ND[inverse_N].view(T, K, -1)
+        h_PF = F.silu(torch._grouped_mm(x_PD, self.w1_EFD.transpose(-2, -1), offs=offs_E))
+        h_PF = h_PF * torch._grouped_mm(x_PD, self.w3_EFD.transpose(-2, -1), offs=offs_E)
+        y_PD = torch._grouped_mm(h_PF, self.w2_EDF.transpose(-2, -1), offs=offs_E)
+        y_TKD = y_PD[row_N].view(T, K, -1)
         return (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
 
 
