@@ -15,10 +15,11 @@ The trainer reads tokens with `TokenDataset`, which needs neither Ray nor the ex
 
 from __future__ import annotations
 
-import io
+import gzip
 import json
 import posixpath
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -55,7 +56,7 @@ def expand(spec: str | Sequence[str], suffixes: Sequence[str] = DOC_SUFFIXES) ->
     for one in specs:
         fs, path = url_fs(one)
         if any(c in path for c in "*?["):
-            hits = sorted(fs.glob(path))
+            hits = sorted(p for p in fs.glob(path) if not posixpath.basename(p).startswith((".", "_")))
         elif fs.isdir(path):
             hits = sorted(p for p in fs.find(path) if p.endswith(tuple(suffixes))
                           and not any(part.startswith((".", "_")) for part in p[len(path):].split("/") if part))
@@ -126,18 +127,56 @@ def _compression(path: str) -> str | None:
     return None
 
 
-def open_lines(url: str) -> Iterator[bytes]:
-    """The raw lines of a (possibly compressed) text file, streamed."""
+def open_lines(url: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The raw lines (without newline) of a (possibly compressed) text file, streamed in chunks.
+
+    A stream that breaks off (a truncated gzip or zstd file) raises EOFError only after every
+    complete line before the break was produced."""
     fs, path = url_fs(url)
     with fs.open(path, "rb") as raw:
         if path.endswith(".zst"):
-            stream: Any = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20)
+            chunks: Iterator[bytes] = _zstd_chunks(raw, chunk)
         elif path.endswith(".gz"):
-            import gzip
-            stream = io.BufferedReader(gzip.GzipFile(fileobj=raw), 1 << 20)
+            chunks = _gzip_chunks(raw, chunk)
         else:
-            stream = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw
-        yield from stream
+            chunks = iter(lambda: raw.read(chunk), b"")
+        tail = b""
+        for data in chunks:
+            lines = (tail + data).split(b"\n")
+            tail = lines.pop()
+            yield from lines
+        if tail:
+            yield tail
+
+
+def _gzip_chunks(raw: Any, size: int) -> Iterator[bytes]:
+    d, inside = zlib.decompressobj(16 + zlib.MAX_WBITS), False
+    while True:
+        data = raw.read(size)
+        if not data:
+            if inside:
+                raise EOFError("gzip stream ended before its end marker")
+            return
+        while data:
+            inside = True
+            yield d.decompress(data)
+            if d.eof:  # another gzip member may follow
+                data = d.unused_data
+                d, inside = zlib.decompressobj(16 + zlib.MAX_WBITS), False
+            else:
+                data = b""
+
+
+def _zstd_chunks(raw: Any, size: int) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    while True:
+        try:
+            data = reader.read(size)
+        except zstandard.ZstdError as e:
+            raise EOFError(f"zstd stream broken: {e}") from e
+        if not data:
+            return
+        yield data
 
 
 def iter_documents(url: str) -> Iterator[dict]:
@@ -169,8 +208,12 @@ class DocumentWriter:
         self.url, self.count = url, 0
         self._atomic = AtomicFile(url)
         self._raw = self._atomic.__enter__()
-        self._out = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False) \
-            if url.endswith(".zst") else self._raw
+        if url.endswith(".zst"):
+            self._out = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
+        elif url.endswith(".gz"):
+            self._out = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6, mtime=0)
+        else:
+            self._out = self._raw
         self._buf: list[bytes] = []
         self._size = 0
 

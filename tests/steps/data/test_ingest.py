@@ -1,0 +1,110 @@
+"""ingest: formats, rejects by reason, sharding, resume after a crash."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+import steps.data.ingest as ingest_mod
+from executor import StepContext
+from steps.data.formats import iter_documents, read_json
+from steps.data.ingest import IngestConfig, ingest
+
+
+def _ctx(tmp_path, name="out"):
+    return StepContext(name="t", output=str(tmp_path / name), digest="0" * 64)
+
+
+def _docs(ctx):
+    manifest = read_json(ctx.path("manifest.json"))
+    return [d for s in manifest["shards"] for d in iter_documents(ctx.path(s["path"]))]
+
+
+def test_bad_records_are_counted_and_kept_never_fatal(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = [
+        b'{"id": 1, "text": "good one", "lang": "en"}',
+        b'{"text": "no id here"}',
+        b'{"id": 2, "text": "broken',  # invalid JSON
+        b'{"id": 3, "text": "bad \xff\xfe utf8"}',  # invalid UTF-8
+        b'{"id": 4, "body": "no text field"}',
+        b'{"id": 5, "text": 17}',
+        b'{"id": 6, "text": "   \\n "}',
+        b'[1, 2, 3]',
+        b'{"id": 7, "text": "lone \\ud800 surrogate"}',
+        b'',
+        b'{"id": 8, "text": "last good"}',
+    ]
+    (raw / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    ctx = _ctx(tmp_path)
+    ingest(IngestConfig(input=str(raw)), ctx)
+    assert ctx.results["rejects"] == {"empty_text": 1, "invalid_json": 1, "invalid_utf8": 2, "no_text": 2,
+                                      "not_an_object": 1}
+    assert ctx.results["documents"] == 3
+    docs = _docs(ctx)
+    assert [d["text"] for d in docs] == ["good one", "no id here", "last good"]
+    assert docs[0] == {"id": "1", "text": "good one", "metadata": {"lang": "en"}}
+    assert docs[1]["id"] == "a.jsonl:2"
+    rejects = list(iter_documents(ctx.path("rejects/00000.jsonl.zst")))
+    assert [r["line"] for r in rejects] == [3, 4, 5, 6, 7, 8, 9]
+    assert {r["reason"] for r in rejects} >= {"invalid_json", "invalid_utf8"}
+
+
+def test_compressed_jsonl_and_parquet_and_sharding(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    docs = [{"id": f"z{i}", "text": f"zstd {i}"} for i in range(5)]
+    (raw / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps(d) + "\n" for d in docs).encode()))
+    (raw / "b.jsonl.gz").write_bytes(gzip.compress(b'{"id": "g", "text": "gzip"}\n'))
+    pq.write_table(pa.table({"id": ["p0", "p1", "p2"], "content": ["parquet 0", "", "parquet 2"], "n": [1, 2, 3]}),
+                   raw / "c.parquet")
+    ctx = _ctx(tmp_path)
+    ingest(IngestConfig(input=(str(raw / "*.jsonl.*"),), max_docs_per_shard=2), ctx)
+    assert ctx.results["documents"] == 6 and ctx.results["shards"] == 4  # 2 + 2 + 1 from a, 1 from b
+    assert [d["id"] for d in _docs(ctx)] == ["z0", "z1", "z2", "z3", "z4", "g"]
+    ctx2 = _ctx(tmp_path, "pq")
+    ingest(IngestConfig(input=str(raw / "c.parquet"), text_field="content"), ctx2)
+    assert [(d["id"], d["text"], d["metadata"]) for d in _docs(ctx2)] == [("p0", "parquet 0", {"n": 1}),
+                                                                          ("p2", "parquet 2", {"n": 3})]
+    assert ctx2.results["rejects"] == {"empty_text": 1}
+
+
+def test_truncated_gzip_keeps_what_was_read(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    data = gzip.compress(b"".join(b'{"text": "line %d"}\n' % i for i in range(2000)))
+    (raw / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    ctx = _ctx(tmp_path)
+    ingest(IngestConfig(input=str(raw)), ctx)
+    assert ctx.results["rejects"] == {"corrupt_file": 1}
+    assert 0 < ctx.results["documents"] < 2000
+
+
+def test_resume_redoes_only_unfinished_files(tmp_path, monkeypatch):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for k in range(3):
+        (raw / f"{k}.jsonl").write_text("".join(json.dumps({"text": f"file {k} doc {i}"}) + "\n" for i in range(4)))
+    ctx = _ctx(tmp_path)
+    real = ingest_mod._ingest_one
+    seen = []
+
+    def crash_on_third(output, index, url, config):
+        seen.append(index)
+        if index == 2:
+            raise RuntimeError("worker died")
+        real(output, index, url, config)
+
+    monkeypatch.setattr(ingest_mod, "_ingest_one", crash_on_third)
+    with pytest.raises(RuntimeError):
+        ingest(IngestConfig(input=str(raw)), ctx)
+    assert not ctx.exists("manifest.json") and not ctx.exists("documents/00002-0000.jsonl.zst")
+    monkeypatch.setattr(ingest_mod, "_ingest_one", lambda *a: (seen.append(a[1]), real(*a)))
+    ingest(IngestConfig(input=str(raw)), ctx)
+    assert seen == [0, 1, 2, 2]
+    assert ctx.results["documents"] == 12
