@@ -25,8 +25,10 @@ def _closed_form(cfg):
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_counts_match_closed_form(name):
+    from steps.moe.config import param_counts
+
     total, active = count_params(PRESETS[name])
-    assert (total, active) == _closed_form(PRESETS[name])
+    assert (total, active) == _closed_form(PRESETS[name]) == param_counts(PRESETS[name])
     assert 0 < active < total
 
 
