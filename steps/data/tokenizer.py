@@ -1,4 +1,4 @@
-"""train_tokenizer: a byte-level BPE trained with HF `tokenizers`; and `load_tokenizer`.
+"""train_tokenizer: a byte-level BPE trained with HF `tokenizers`; pin_tokenizer; `load_tokenizer`.
 
 A tokenizer is named by a string everywhere in the data steps: a `tokenizer.json` URL, a folder
 (URL) holding one (such as this step's output), or a hub name (which needs the network).
@@ -63,6 +63,27 @@ def train_tokenizer(config: TrainTokenizerConfig, ctx: StepContext) -> None:
         f.write(tok.to_str())
     ctx.results.update(vocab_size=tok.get_vocab_size(), trained_on_documents=counted["documents"],
                        trained_on_chars=counted["chars"])
+
+
+@dataclass(frozen=True)
+class PinTokenizerConfig:
+    """Copy a tokenizer given by URL or hub name into the prefix, so that every later step reads
+    the same bytes (a hub repository can change under the same name)."""
+
+    source: str  # a tokenizer.json URL, a folder holding one, or a hub name (needs the network)
+    expect_vocab_size: int | None = None  # fail early if the tokenizer is not the one meant
+
+
+@step_type(version="1")
+def pin_tokenizer(config: PinTokenizerConfig, ctx: StepContext) -> None:
+    """Fetch a tokenizer once and keep it as `tokenizer.json` in this step's output."""
+    tok = load_tokenizer(config.source)
+    size = tok.get_vocab_size()
+    if config.expect_vocab_size is not None and size != config.expect_vocab_size:
+        raise VoyageError(f"pin_tokenizer: {config.source} has {size} tokens, expected {config.expect_vocab_size}")
+    with ctx.open("tokenizer.json", "w") as f:
+        f.write(tok.to_str())
+    ctx.results.update(vocab_size=size, source=config.source)
 
 
 @functools.lru_cache(maxsize=8)

@@ -133,3 +133,21 @@ def test_prefetch_propagates_errors():
         list(prefetch(gen()))
     assert list(prefetch(iter(range(5)), depth=1)) == [0, 1, 2, 3, 4]
     assert json.dumps(list(prefetch(iter([])))) == "[]"
+
+
+def test_pin_tokenizer_copies_a_tokenizer_and_checks_its_size(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from executor import StepContext, VoyageError
+    from steps.data.tokenizer import PinTokenizerConfig, load_tokenizer, pin_tokenizer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    (src / "tokenizer.json").write_text(tok.to_str())
+    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    pin_tokenizer.fn(PinTokenizerConfig(source=str(src), expect_vocab_size=3), ctx)
+    assert load_tokenizer(str(tmp_path / "out")).get_vocab_size() == 3
+    assert ctx.results["vocab_size"] == 3
+    with pytest.raises(VoyageError, match="has 3 tokens, expected 128256"):
+        pin_tokenizer.fn(PinTokenizerConfig(source=str(src), expect_vocab_size=128256), ctx)
