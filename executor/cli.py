@@ -38,6 +38,7 @@ class Options:
     ray_address: str | None
     max_concurrent: int
     lease_ttl: float
+    live_page: bool
     verbose: bool
     overrides: list[str]
 
@@ -50,8 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("voyage", help="the voyage file, e.g. voyages/hello.py")
     p.add_argument("-h", "--help", action="store_true", help="show this help (and the voyage's config fields)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (what would run and why); run nothing")
-    p.add_argument("--viz", metavar="FILE", help="draw the plan to FILE (.html, .svg, .dot or .mmd)")
-    p.add_argument("--explain", metavar="NAME", help="explain one step's identity and what changed")
+    p.add_argument("--viz", metavar="FILE",
+                   help="draw the plan to FILE (.html, .svg, .dot or .mmd; any fsspec URL); run nothing")
+    p.add_argument("--explain", metavar="NAME",
+                   help="show step NAME's digest tree and what changed since its last output; run nothing")
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
     p.add_argument("--downstream", action="store_true",
@@ -65,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, default=16, help="steps running at once (default 16)")
     p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("MARIN_LEASE_TTL", 60)),
                    help="seconds a lease lives without renewal (env MARIN_LEASE_TTL; default 60)")
+    p.add_argument("--no-live-page", dest="live_page", action="store_false",
+                   help="do not keep the voyage page {prefix}/voyages/{voyage}/{run}/index.html during the run")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     return p
 
@@ -77,7 +82,8 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     ns, rest = parser.parse_known_args(argv)
     opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=ns.prefix, ray_address=ns.ray_address,
-                   max_concurrent=ns.max_concurrent, lease_ttl=ns.lease_ttl, verbose=ns.verbose, overrides=rest)
+                   max_concurrent=ns.max_concurrent, lease_ttl=ns.lease_ttl, live_page=ns.live_page,
+                   verbose=ns.verbose, overrides=rest)
     return opts, parser, ns.help
 
 
@@ -101,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> int:
     from executor import voyage as voyage_mod
 
+    if opts.viz and not want_help:
+        from executor.viz import check_target
+
+        check_target(opts.viz)  # a bad extension, or .svg without graphviz: before anything is done
     vf = voyage_mod.load(opts.voyage)
     if want_help:
         parser.print_help()
@@ -117,8 +127,13 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     from executor.store import Store
 
     dag = build_dag(steps)
+    if opts.explain and opts.explain not in dag.by_name:
+        from executor.explain import check_name
+
+        check_name(dag.by_name, opts.explain)
     store = Store(opts.prefix)
-    if not opts.dry_run:
+    looking = opts.dry_run or opts.viz or opts.explain  # these run nothing and write nothing under the prefix
+    if not looking:
         try:
             store.check_writable()
         except Exception as e:
@@ -128,6 +143,8 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
 
     from executor import report
 
+    if opts.viz or opts.explain:
+        return _look(opts, vf, plan)
     if opts.dry_run:
         from executor.placement import check_placement, local_nodes
 
@@ -154,9 +171,34 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan, leases: Leases) -> int:
     if not plan.to_run():
         print("nothing to run: every selected step is cached")
         return 0
-    summary = run_plan(plan, leases, opts.ray_address, opts.max_concurrent, pickle_by_value=[vf.module])
-    report.print_summary(summary, plan, sys.stdout)
+    page = None
+    if opts.live_page:
+        from executor.live import open_page
+
+        page = open_page(plan, vf.name, leases.owner.run_id)
+        if page is not None:
+            print(f"voyage page: {page.url}", flush=True)
+    summary = run_plan(plan, leases, opts.ray_address, opts.max_concurrent, pickle_by_value=[vf.module], page=page)
+    report.print_summary(summary, plan, sys.stdout, page=page.url if page is not None else None)
     return summary.exit_code
+
+
+def _look(opts: Options, vf: VoyageFile, plan: Plan) -> int:
+    """--explain and --viz (with --dry-run, after the plan): they run nothing."""
+    from executor import report
+
+    if opts.dry_run:
+        report.print_plan(plan, sys.stdout)
+    if opts.explain:
+        from executor.explain import explain
+
+        explain(plan, opts.explain, sys.stdout)
+    if opts.viz:
+        from executor.viz import write_viz
+
+        write_viz(plan, opts.viz, title=vf.name)
+        print(f"drew {len(plan.decisions):,} steps to {opts.viz} ({report.counts_line(plan.counts())})")
+    return 0
 
 
 def _cluster_nodes_for_dry_run(opts: Options) -> list[dict[str, float]] | None:

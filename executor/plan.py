@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from executor.dag import Dag, Node
+from executor.dag import Dag, Node, gc_paused
 from executor.errors import VoyageError
 from executor.identity import diff, plain
 from executor.lease import LeaseInfo, Leases
@@ -38,6 +38,15 @@ class Selection:
     only: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class StaleInput:
+    """An input whose output changed since this output was made: full output digests."""
+
+    name: str
+    recorded: str  # the input's output digest this output was made from
+    current: str  # the input's output digest now
+
+
 @dataclass
 class Decision:
     node: Node
@@ -48,6 +57,7 @@ class Decision:
     holder: LeaseInfo | None = None
     conditional_on: tuple[str, ...] = ()  # runs only if these forced steps change their output
     code_drift: bool = False
+    stale_inputs: tuple[StaleInput, ...] = ()  # STALE: which inputs changed, and from what to what
 
     @property
     def name(self) -> str:
@@ -77,6 +87,7 @@ class Plan:
         return self.store.url(node.dirname)
 
 
+@gc_paused
 def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
               leases: Leases | None = None, explain_new: bool = True) -> Plan:
     """Decide, for every step, whether it is cached, must run, waits, or is skipped, and why."""
@@ -141,16 +152,19 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
 def _decide_done(node: Node, status: Status, statuses: dict[str, Status | None], forced: set[str],
                  downstream_of_forced: set[str], sel: Selection) -> Decision:
     changed: list[str] = []
+    stale: list[StaleInput] = []
     for dep in node.deps:
         dep_status = statuses[dep.dirname]
         now = dep_status.output_digest if dep_status is not None and dep_status.state == SUCCESS else None
         then = status.inputs.get(dep.digest)
         if now is not None and then is not None and now != then:
             changed.append(f"input {dep.name} output changed {then[:10]} -> {now[:10]}")
+            stale.append(StaleInput(dep.name, then, now))
     if changed:
         run = sel.downstream
         hint = "" if run else " (run with --downstream, or --rerun it)"
-        return Decision(node, STALE, "; ".join(changed) + hint, will_run=run, status=status)
+        return Decision(node, STALE, "; ".join(changed) + hint, will_run=run, status=status,
+                        stale_inputs=tuple(stale))
     if node.name in downstream_of_forced and not sel.downstream:
         upstream_forced = tuple(sorted(forced))
         return Decision(node, CACHED, "cached; becomes STALE if the rerun of " + ", ".join(upstream_forced) +

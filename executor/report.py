@@ -1,68 +1,203 @@
-"""Plans and run summaries as text for the terminal.
+"""Plans and run summaries in the terminal (rich).
 
-Compact by design: the counts by state first, then one line per step (state, path, reason). At
-scale, steps that share a state and a name prefix collapse into one line (`tokenized/* x 412`).
+The counts by state first, then one table per state (most urgent first): each step with its
+resources, output path and reason. A state with more than `COLLAPSE_OVER` steps is shown by name
+prefix instead (`tokenized/*  x 412`, with the resources, the path pattern and the commonest
+reason), so a 1,000-step plan fits on a screen. Piped or captured output is plain text with one
+line per step, wide enough never to wrap, so it can be grepped.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from typing import TextIO
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable, TextIO
 
-from executor.plan import STATES, Plan
-from executor.runner import RunSummary
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-COLLAPSE_OVER = 40  # steps per state before grouping by name prefix
+from executor.plan import STATES, Decision, Plan
+from executor.runner import Outcome, RunSummary
+from executor.viz.style import DESCRIPTIONS, RICH
+
+COLLAPSE_OVER = 40  # steps of one state before they are grouped by name prefix
+MAX_ROWS = 40  # rows per state once grouped (the grouping coarsens to get there)
+ORDER = (*STATES, "SUCCESS", "FAILED", "PENDING")
+
+
+def console_for(out: TextIO) -> Console:
+    """A rich console on `out`: coloured and wrapped to a terminal, plain and unwrapped otherwise."""
+    tty = hasattr(out, "isatty") and out.isatty()
+    return Console(file=out, width=None if tty else 1_000, color_system="auto" if tty else None,
+                   highlight=False, emoji=False, soft_wrap=not tty)
+
+
+def emit(con: Console, *renderables: object) -> None:
+    """Print; on a non-terminal without the padding rich leaves at the ends of table lines."""
+    if con.is_terminal:
+        con.print(*renderables)
+        return
+    with con.capture() as cap:
+        con.print(*renderables)
+    con.file.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
 
 
 def counts_line(counter: dict[str, int]) -> str:
-    order = [s for s in (*STATES, "SUCCESS", "FAILED", "PENDING") if counter.get(s)]
-    return "  ".join(f"{s} {counter[s]}" for s in order) or "no steps"
+    order = [s for s in ORDER if counter.get(s)] + sorted(s for s in counter if s not in ORDER and counter[s])
+    return "  ".join(f"{s} {counter[s]:,}" for s in order) or "no steps"
 
+
+def _counts_text(counter: dict[str, int]) -> Text:
+    text = Text()
+    for k, state in enumerate(s for s in ORDER if counter.get(s)):
+        if k:
+            text.append("  ")
+        text.append(f"{state} {counter[state]:,}", style=RICH.get(state, ""))
+    return text or Text("no steps")
+
+
+# -- grouping rows by name prefix ------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """One line of a state's table: a step, or `prefix/*` standing for several."""
+
+    name: str
+    members: list[Decision]
+
+    @property
+    def many(self) -> bool:
+        return len(self.members) > 1
+
+
+def rows_for(group: list[Decision]) -> list[Row]:
+    """Each step its own row, or, past COLLAPSE_OVER, rows by name prefix (coarsened to MAX_ROWS)."""
+    if len(group) <= COLLAPSE_OVER:
+        return [Row(d.name, [d]) for d in group]
+    depth = max(d.name.count("/") for d in group)
+    rows: list[Row] = []
+    for level in range(depth, -1, -1):
+        buckets: dict[str, list[Decision]] = defaultdict(list)
+        for d in group:
+            parts = d.name.split("/")
+            key = "/".join(parts[:min(level, len(parts) - 1)])
+            buckets[key + "/*" if key else d.name].append(d)
+        rows = [Row(key if len(ds) > 1 else ds[0].name, ds) for key, ds in buckets.items()]
+        if len(rows) <= MAX_ROWS:
+            break
+    return rows  # in plan order (dependencies first), by first member
+
+
+def _commonest(values: Iterable[str], what: str) -> str:
+    counts = Counter(values)
+    top, n = counts.most_common(1)[0]
+    others = len(counts) - 1
+    return top + (f"  (+{others:,} other {what})" if others else "")
+
+
+# -- plan --------------------------------------------------------------------------------------------
 
 def print_plan(plan: Plan, out: TextIO, unplaceable: dict[str, str] | None = None) -> None:
-    """`--dry-run`: counts by state, then every step with its state, path and reason."""
+    """`--dry-run`: counts by state, then each state's steps with resources, path and reason."""
     unplaceable = unplaceable or {}
-    print(f"plan of {len(plan.decisions)} steps under {plan.store.prefix}: {counts_line(plan.counts())}", file=out)
-    by_state: dict[str, list] = defaultdict(list)
+    con = console_for(out)
+    head = Text(f"plan of {len(plan.decisions):,} steps under {plan.store.prefix}: ")
+    con.print(head + _counts_text(plan.counts()))
+    # A terminal gets paths relative to the prefix, so that they fit; a pipe gets whole URLs.
+    relative = con.is_terminal
+    by_state: dict[str, list[Decision]] = defaultdict(list)
     for d in plan.decisions:
         by_state[d.state].append(d)
-    width = min(48, max((len(d.name) for d in plan.decisions), default=10))
     for state in STATES:
         group = by_state.get(state, [])
         if not group:
             continue
-        if len(group) > COLLAPSE_OVER:
-            prefixes: dict[str, int] = defaultdict(int)
-            for d in group:
-                prefixes[d.name.rsplit("/", 1)[0] + "/*" if "/" in d.name else d.name] += 1
-            for prefix, n in sorted(prefixes.items()):
-                print(f"  {state:<8} {prefix:<{width}} x {n}", file=out)
+        con.print()
+        title = Text(f"{state} {len(group):,}", style=RICH.get(state, "") + " bold")
+        con.print(title + Text(f"  {DESCRIPTIONS.get(state, '')}", style="dim"))
+        emit(con, _plan_table(plan, state, group, unplaceable, relative))
+    if unplaceable:
+        con.print()
+        con.print(Text(f"{len(unplaceable):,} step(s) cannot be placed on this cluster", style="bold red"))
+
+
+def _plan_table(plan: Plan, state: str, group: list[Decision], unplaceable: dict[str, str],
+                relative: bool = False) -> Table:
+    table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column("step", style="bold", no_wrap=True)
+    table.add_column("count", justify="right", style="dim", no_wrap=True)
+    table.add_column("resources", style="cyan")
+    table.add_column("path", style="dim", no_wrap=relative, overflow="fold")
+    table.add_column("reason", overflow="fold", ratio=1 if relative else None)
+    base = "" if relative else f"{plan.store.prefix}/"
+    for row in rows_for(group):
+        ds = row.members
+        if row.many:
+            prefix = row.name[:-1]
+            resources = _commonest((d.node.step.resources.describe() for d in ds), "resources")
+            path = f"{base}{prefix}*"
+            reason = _commonest((d.reason for d in ds), "reasons") if state != "CACHED" else ""
+            bad = [d for d in ds if d.name in unplaceable]
+            reason_text = Text(reason)
+            if bad:
+                reason_text.append(f"  {len(bad):,} CANNOT BE PLACED: {unplaceable[bad[0].name]}", style="bold red")
+            table.add_row(row.name, f"x {len(ds):,}", resources, path, reason_text)
             continue
-        for d in group:
-            line = f"  {state:<8} {d.name:<{width}} {plan.store.url(d.node.dirname)}"
-            if d.reason and d.reason != "cached":
-                line += f"  ({d.reason})"
-            if d.name in unplaceable:
-                line += f"  CANNOT BE PLACED: {unplaceable[d.name]}"
-            print(line, file=out)
+        d = ds[0]
+        reason_text = Text(d.reason if d.reason != "cached" else "")
+        if d.code_drift:
+            reason_text.stylize("yellow")
+        if d.name in unplaceable:
+            reason_text.append(f"  CANNOT BE PLACED: {unplaceable[d.name]}", style="bold red")
+        path = d.node.dirname if relative else plan.store.url(d.node.dirname)
+        table.add_row(d.name, "", d.node.step.resources.describe(), path, reason_text)
+    return table
 
 
-def print_summary(summary: RunSummary, plan: Plan, out: TextIO) -> None:
-    """The end of a run: what ran, how long, what failed and where its record is."""
-    counter: dict[str, int] = defaultdict(int)
-    for o in summary.outcomes.values():
-        counter[o.state] += 1
-    print(f"\nvoyage finished in {summary.seconds:.1f}s: {counts_line(counter)}", file=out)
-    for o in summary.outcomes.values():
-        if o.state in ("SUCCESS", "FAILED", "BLOCKED") or (o.state == "CACHED" and "cutoff" in o.reason):
-            took = f"{o.seconds:.1f}s" if o.seconds is not None else ""
+# -- summary -------------------------------------------------------------------------------------------
+
+def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None = None) -> None:
+    """The end of a run: counts, what ran and how long, what failed and where its record is."""
+    con = console_for(out)
+    counter = Counter(o.state for o in summary.outcomes.values())
+    con.print()
+    con.print(Text(f"voyage finished in {summary.seconds:.1f}s: ") + _counts_text(counter))
+    shown = [o for o in summary.outcomes.values()
+             if o.state in ("SUCCESS", "FAILED", "BLOCKED") or (o.state == "CACHED" and "cutoff" in o.reason)]
+    by_state: dict[str, list[Outcome]] = defaultdict(list)
+    for o in shown:
+        by_state[o.state].append(o)
+    table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column("state", no_wrap=True)
+    table.add_column("step", style="bold", no_wrap=True)
+    table.add_column("time", justify="right")
+    table.add_column("detail", overflow="fold")
+    for state in ("FAILED", "BLOCKED", "SUCCESS", "CACHED"):
+        outcomes = by_state.get(state, [])
+        if not outcomes:
+            continue
+        decisions = {o.name: plan[o.name] for o in outcomes}
+        for row in rows_for([decisions[o.name] for o in outcomes]):
+            os_ = [summary.outcomes[d.name] for d in row.members]
+            took = sum(o.seconds or 0.0 for o in os_)
+            style = RICH.get(state, "")
+            if row.many:
+                detail = _commonest((o.error or o.reason or "" for o in os_), "messages")
+                table.add_row(Text(state, style=style), f"{row.name} x {len(os_):,}", f"{took:.1f}s", detail)
+                continue
+            o = os_[0]
             detail = o.error or (o.reason if o.state != "SUCCESS" else "")
-            print(f"  {o.state:<8} {o.name:<40} {took:>8}  {detail}", file=out)
             if o.state == "FAILED":
-                print(f"           record: {plan.store.url(plan.dag[o.name].dirname)}/.step.json", file=out)
+                detail = f"{detail}\nrecord: {plan.store.url(plan.dag[o.name].dirname)}/.step.json"
+            table.add_row(Text(state, style=style), o.name, f"{o.seconds:.1f}s" if o.seconds is not None else "",
+                          detail)
+    if table.row_count:
+        emit(con, table)
     if summary.stale_after:
-        print("  now STALE (an input's output changed; --downstream reruns them): "
-              + ", ".join(summary.stale_after), file=out)
-    print(time.strftime("finished at %Y-%m-%d %H:%M:%S"), file=out)
+        con.print(Text("now STALE (an input's output changed; --downstream reruns them): "
+                       + ", ".join(summary.stale_after), style=RICH["STALE"]))
+    if page:
+        con.print(f"voyage page: {page}")
+    con.print(time.strftime("finished at %Y-%m-%d %H:%M:%S"))

@@ -1,0 +1,137 @@
+"""Training curves for the live page: a trainer's `metrics.jsonl`, read as it grows.
+
+The format (docs/viz.md) is one JSON object per line, appended as training goes, e.g.
+
+    {"step": 1200, "loss": 2.31, "lr": 0.0003, "tokens_per_s": 1.2e6, "expert_load_max": 1.8, "expert_load_min": 0.4}
+
+Every numeric key is a series drawn against `step` (against the line number where a line has no
+`step`); `time`/`timestamp` are not drawn; booleans, strings, NaN and lines that do not parse
+are skipped. The file is read from where the last read stopped (one ranged read per poll, so a
+three-month run costs no more per poll than a short one), and each series is thinned to at most
+`MAX_POINTS` points by doubling its stride, always keeping the newest point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from executor.store import Store
+
+METRICS_FILE = "metrics.jsonl"
+MAX_POINTS = 500
+X_KEY = "step"
+NOT_DRAWN = frozenset({X_KEY, "time", "timestamp"})
+
+
+class Series:
+    """One curve, thinned as it grows."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+        self.stride = 1
+        self.seen = 0
+        self.last: tuple[float, float] | None = None
+
+    def add(self, x: float, y: float) -> None:
+        self.last = (x, y)
+        if self.seen % self.stride == 0:
+            self.points.append((x, y))
+            if len(self.points) > MAX_POINTS:
+                self.points = self.points[::2]
+                self.stride *= 2
+        self.seen += 1
+
+    def to_json(self) -> list[list[float]]:
+        out = [list(p) for p in self.points]
+        if self.last is not None and (not self.points or self.points[-1] != self.last):
+            out.append(list(self.last))
+        return out
+
+
+class Curves:
+    """The series of one metrics file and how far it has been read."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.lines = 0
+        self.series: dict[str, Series] = {}
+
+    def feed(self, data: bytes) -> int:
+        """Parse the complete lines of `data`; returns the bytes consumed (up to the last newline)."""
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].splitlines():
+            self.lines += 1
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(row, dict):
+                continue
+            x = row.get(X_KEY)
+            x = float(x) if _number(x) else float(self.lines)
+            for key, value in row.items():
+                if key not in NOT_DRAWN and _number(value):
+                    self.series.setdefault(str(key), Series()).add(x, float(value))
+        return end
+
+    def to_json(self) -> dict[str, Any]:
+        return {"x": X_KEY, "series": {k: s.to_json() for k, s in sorted(self.series.items()) if s.points}}
+
+
+class MetricsReader:
+    """Reads `metrics.jsonl` of output folders under one store, incrementally."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.curves: dict[str, Curves] = {}
+
+    def poll_many(self, dirnames: list[str]) -> bool:
+        """Poll several folders: those never read in one concurrent batch, the others from where
+        they stopped. True if any curve changed."""
+        fresh = [d for d in dirnames if d not in self.curves]
+        changed = False
+        if fresh:
+            paths = {self.store.path(d, METRICS_FILE): d for d in fresh}
+            found = self.store.fs.cat(list(paths), on_error="return")
+            if not isinstance(found, dict):  # one path: fsspec returns its bytes
+                found = {next(iter(paths)): found}
+            for path, data in found.items():
+                if isinstance(data, bytes) and path in paths:
+                    curves = self.curves[paths[path]] = Curves()
+                    curves.offset = curves.feed(data)
+                    changed |= curves.offset > 0
+        for d in dirnames:
+            if d not in fresh:
+                changed |= self.poll(d)
+        return changed
+
+    def poll(self, dirname: str) -> bool:
+        """Read what was appended since the last poll; True if any curve changed."""
+        path = self.store.path(dirname, METRICS_FILE)
+        try:
+            size = self.store.fs.size(path)
+        except FileNotFoundError:
+            return False
+        if size is None:
+            return False
+        curves = self.curves.get(dirname)
+        if curves is None or size < curves.offset:  # new, or rewritten by a fresh attempt
+            curves = self.curves[dirname] = Curves()
+        if size == curves.offset:
+            return False
+        data = self.store.fs.cat_file(path, start=curves.offset, end=size)
+        used = curves.feed(data)
+        curves.offset += used
+        return used > 0
+
+    def to_json(self, dirname: str) -> dict[str, Any] | None:
+        curves = self.curves.get(dirname)
+        if curves is None or not curves.series:
+            return None
+        return curves.to_json()
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

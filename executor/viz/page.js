@@ -1,0 +1,472 @@
+// The voyage page: the plan (and, on a live page, the run) drawn as a DAG laid out by dagre.
+// Everything comes from the JSON blocks in this file; all text is set with textContent, never
+// parsed as HTML, so any string in a config shows as text. No network, except that a live page
+// served over http(s) re-reads voyage.json next to it.
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("voyage-data").textContent);
+  const runBlock = document.getElementById("voyage-run");
+  let R = runBlock ? JSON.parse(runBlock.textContent) : null;
+  const steps = D.steps, boxes = D.boxes, links = D.links, N = steps.length;
+  const STATES = D.states;  // most urgent first
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const $ = (id) => document.getElementById(id);
+  const svg = $("dag"), viewport = $("viewport");
+
+  const consumers = steps.map(() => []);
+  steps.forEach((s, i) => s.deps.forEach((d) => consumers[d].push(i)));
+  const index = new Map(steps.map((s, i) => [s.name, i]));
+
+  function svgEl(tag, attrs, text) {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function h(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  const clamp = (x, lo, hi) => Math.max(lo, Math.min(hi, x));
+  const order = (s) => { const i = STATES.indexOf(s); return i < 0 ? STATES.length : i; };
+
+  // -- state of a step: the run's when there is one, else the plan's ---------------------------
+  function stateOf(i) { return R && R.steps && R.steps[i] ? R.steps[i][0] : steps[i].state; }
+  function seconds(x) {
+    if (x === null || x === undefined) return "";
+    if (x < 60) return x.toFixed(x < 10 ? 1 : 0) + "s";
+    if (x < 3600) return Math.floor(x / 60) + "m" + String(Math.round(x % 60)).padStart(2, "0") + "s";
+    if (x < 86400) return Math.floor(x / 3600) + "h" + String(Math.round((x % 3600) / 60)).padStart(2, "0") + "m";
+    return Math.floor(x / 86400) + "d" + Math.round((x % 86400) / 3600) + "h";
+  }
+  function runInfo(i) {  // [state, attempts, started, ended, note] -> words
+    const r = R && R.steps && R.steps[i];
+    if (!r || !r[2]) return "";
+    const end = r[3] || (R.finished || R.updated);
+    let text = seconds(Math.max(0, end - r[2]));
+    if (r[1] > 1) text += " · attempt " + r[1];
+    return text;
+  }
+  function when(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
+  function counts(members) {
+    const c = {};
+    for (const i of members) { const s = stateOf(i); c[s] = (c[s] || 0) + 1; }
+    return c;
+  }
+  function countsText(c) {
+    return Object.keys(c).sort((a, b) => order(a) - order(b)).map((s) => s + " " + c[s].toLocaleString()).join(" · ");
+  }
+
+  // -- sizes ---------------------------------------------------------------------------------------
+  const CH = 7.3, CELL_H = 18, GAP = 3, BOX_H = 40, MAX_NAME = 60;
+  const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + "…" : t);
+  function single(i) {
+    const s = steps[i];
+    const sub = s.type + " · " + s.state;
+    return { w: clamp(Math.ceil(CH * Math.max(clip(s.name, MAX_NAME).length, sub.length + 14)) + 20, 120, 480), h: BOX_H };
+  }
+  function group(label, members) {
+    const cut = label.length - 1;
+    const suffixes = members.map((i) => steps[i].name.slice(cut) || steps[i].name);
+    const longest = suffixes.reduce((m, s) => Math.max(m, s.length), 1);
+    const cw = clamp(Math.ceil(CH * Math.min(longest, 20)) + 10, 22, 160);
+    const head = Math.ceil(CH * (label.length + 14)) + 16;
+    let cols = Math.max(1, Math.round(Math.sqrt((members.length * (CELL_H + GAP)) / ((cw + GAP) * 2.5))));
+    const w = Math.max(cols * (cw + GAP) + GAP + 16, Math.min(head, 520));
+    cols = Math.max(1, Math.floor((w - 16 - GAP) / (cw + GAP)));
+    const rows = Math.ceil(members.length / cols);
+    return { w: w, h: 44 + rows * (CELL_H + GAP) + 8, cw: cw, cols: cols, suffixes: suffixes };
+  }
+
+  // -- layout (dagre) and drawing -------------------------------------------------------------------
+  const stepEl = new Array(N), subEl = new Array(N), centre = new Array(N);
+  const groupSub = [];
+  let width = 0, height = 0;
+
+  function layout() {
+    const g = new dagre.graphlib.Graph();
+    g.setGraph({ rankdir: "LR", nodesep: 16, ranksep: 80, edgesep: 10, marginx: 30, marginy: 30 });
+    g.setDefaultEdgeLabel(() => ({}));
+    const sizes = boxes.map(([label, members]) => (members.length > 1 ? group(label, members) : single(members[0])));
+    sizes.forEach((sz, b) => g.setNode(String(b), { width: sz.w, height: sz.h }));
+    for (const [a, b] of links) g.setEdge(String(a), String(b));
+    dagre.layout(g);
+    return { g: g, sizes: sizes };
+  }
+
+  function draw(lay) {
+    const gBoxes = $("boxes"), gLinks = $("links");
+    const { g, sizes } = lay;
+    width = g.graph().width || 100; height = g.graph().height || 100;
+    for (const [a, b, n, stale] of links) {
+      const e = g.edge(String(a), String(b));
+      if (!e || !e.points) continue;
+      const p = e.points;
+      let d = "M" + p[0].x.toFixed(1) + "," + p[0].y.toFixed(1);
+      for (let k = 1; k < p.length; k++) d += "L" + p[k].x.toFixed(1) + "," + p[k].y.toFixed(1);
+      const path = svgEl("path", { d: d, class: "link" + (stale ? " stale" : ""), "marker-end": stale ? "url(#arrow-stale)" : "url(#arrow)" });
+      if (n > 1) path.style.strokeWidth = clamp(1 + Math.log2(n) / 2, 1, 6).toFixed(1);
+      const tip = svgEl("title", {}, (n > 1 ? n.toLocaleString() + " edges" : "1 edge") + (stale ? " (" + stale + " from an input whose output changed)" : ""));
+      path.appendChild(tip);
+      gLinks.appendChild(path);
+      if (n > 1 || stale) {
+        const m = p[Math.floor(p.length / 2)];
+        gLinks.appendChild(svgEl("text", { x: m.x + 4, y: m.y - 4, class: "linklabel" + (stale ? " stale" : "") },
+          (n > 1 ? "×" + n.toLocaleString() : "") + (stale ? " output changed" : "")));
+      }
+    }
+    boxes.forEach(([label, members], b) => {
+      const node = g.node(String(b)), sz = sizes[b];
+      const x0 = node.x - sz.w / 2, y0 = node.y - sz.h / 2;
+      if (members.length === 1) {
+        const i = members[0], s = steps[i];
+        const el = svgEl("g", { class: "box step s-" + s.state, "data-step": i, transform: "translate(" + x0 + "," + y0 + ")" });
+        el.appendChild(svgEl("rect", { width: sz.w, height: sz.h, rx: 6 }));
+        el.appendChild(svgEl("text", { x: 10, y: 16, class: "name" }, clip(s.name, MAX_NAME)));
+        const sub = svgEl("text", { x: 10, y: 31, class: "sub" }, "");
+        el.appendChild(sub);
+        el.appendChild(svgEl("title", {}, s.name));
+        gBoxes.appendChild(el);
+        stepEl[i] = el; subEl[i] = sub;
+        centre[i] = [node.x, node.y, sz.w / 2];
+        return;
+      }
+      const el = svgEl("g", { class: "box group", transform: "translate(" + x0 + "," + y0 + ")", "data-group": b });
+      el.appendChild(svgEl("rect", { class: "frame", width: sz.w, height: sz.h, rx: 8 }));
+      el.appendChild(svgEl("text", { x: 8, y: 17, class: "gname" }, label + "  (" + members.length.toLocaleString() + ")"));
+      const gsub = svgEl("text", { x: 8, y: 33, class: "gsub" }, "");
+      el.appendChild(gsub);
+      groupSub[b] = gsub;
+      const cells = svgEl("g", {}), labels = svgEl("g", { class: "clabels" });
+      members.forEach((i, k) => {
+        const cx = 8 + GAP + (k % sz.cols) * (sz.cw + GAP), cy = 44 + Math.floor(k / sz.cols) * (CELL_H + GAP);
+        const cell = svgEl("rect", { class: "cell step s-" + steps[i].state, "data-step": i, x: cx, y: cy, width: sz.cw, height: CELL_H, rx: 3 });
+        cell.appendChild(svgEl("title", {}, steps[i].name));
+        cells.appendChild(cell);
+        labels.appendChild(svgEl("text", { x: cx + 4, y: cy + 13, class: "clabel" }, clip(sz.suffixes[k], 20)));
+        stepEl[i] = cell;
+        centre[i] = [x0 + cx + sz.cw / 2, y0 + cy + CELL_H / 2, sz.cw / 2];
+      });
+      el.appendChild(cells); el.appendChild(labels);
+      gBoxes.appendChild(el);
+    });
+  }
+
+  // -- state colours, texts, legend, summary (re-run on every live update) ---------------------------
+  function paint() {
+    for (let i = 0; i < N; i++) {
+      const el = stepEl[i];
+      if (!el) continue;
+      const s = stateOf(i), base = el.tagName === "g" ? "box step" : "cell step";
+      const keep = ["sel", "nbr", "match"].filter((c) => el.classList.contains(c));
+      el.setAttribute("class", base + " s-" + s + (keep.length ? " " + keep.join(" ") : ""));
+      if (subEl[i]) {
+        const run = runInfo(i);
+        subEl[i].textContent = steps[i].type + " · " + s + (run ? " · " + run : "");
+      }
+    }
+    boxes.forEach(([, members], b) => { if (groupSub[b]) groupSub[b].textContent = countsText(counts(members)); });
+    const all = counts(steps.map((_, i) => i));
+    const legend = $("legend");
+    legend.textContent = "";
+    Object.keys(all).sort((a, b) => order(a) - order(b)).forEach((s) => {
+      const chip = h("button", "chip s-" + s, s + " " + all[s].toLocaleString());
+      chip.title = (D.descriptions[s] || "") + " (click to show only these)";
+      chip.dataset.state = s;
+      if (svg.dataset.only === s) chip.classList.add("on");
+      legend.appendChild(chip);
+    });
+    let text = N.toLocaleString() + " steps under " + D.prefix + " · planned " + when(D.planned_at);
+    if (R) {
+      text = N.toLocaleString() + " steps under " + D.prefix + " · run started " + when(R.started) +
+        (R.finished ? " · finished " + when(R.finished) + " (" + seconds(R.finished - R.started) + ")"
+          : " · running · updated " + when(R.updated));
+    }
+    $("summary").textContent = text;
+    drawCurves();
+    if (selected !== null) showDetails(selected);
+  }
+
+  // -- pan and zoom ----------------------------------------------------------------------------------
+  const T = { x: 0, y: 0, k: 1 };
+  function apply() {
+    viewport.setAttribute("transform", "translate(" + T.x.toFixed(1) + "," + T.y.toFixed(1) + ") scale(" + T.k.toFixed(4) + ")");
+    svg.classList.toggle("lod1", T.k < 0.6);
+    svg.classList.toggle("lod2", T.k < 0.3);
+    svg.style.setProperty("--k", T.k.toFixed(4));
+  }
+  function zoomAt(px, py, f) {
+    const k = clamp(T.k * f, 0.01, 6);
+    T.x = px - ((px - T.x) * k) / T.k; T.y = py - ((py - T.y) * k) / T.k; T.k = k;
+    apply();
+  }
+  function fit() {
+    const r = svg.getBoundingClientRect();
+    const k = Math.min(r.width / width, r.height / height, 1.5) * 0.96;
+    T.k = k; T.x = (r.width - width * k) / 2; T.y = (r.height - height * k) / 2;
+    apply();
+  }
+  function centreOn(i) {
+    const r = svg.getBoundingClientRect(), c = centre[i];
+    if (!c) return;
+    T.k = Math.max(T.k, 1);
+    T.x = r.width / 2 - c[0] * T.k; T.y = r.height / 2 - c[1] * T.k;
+    apply();
+  }
+  function keepInView(i) {  // the details pane narrows the canvas: keep the chosen step on screen
+    const r = svg.getBoundingClientRect(), c = centre[i];
+    const x = c[0] * T.k + T.x;
+    if (x > r.width - 30) { T.x -= x - r.width * 0.6; apply(); }
+  }
+  let drag = null;
+  svg.addEventListener("wheel", (e) => { e.preventDefault(); zoomAt(e.offsetX, e.offsetY, Math.exp(-e.deltaY * 0.0015)); }, { passive: false });
+  svg.addEventListener("pointerdown", (e) => {
+    drag = { x: e.clientX, y: e.clientY, tx: T.x, ty: T.y, target: e.target, moved: false };
+    try { svg.setPointerCapture(e.pointerId); } catch (err) { /* synthetic events have no pointer */ }
+  });
+  svg.addEventListener("pointermove", (e) => {
+    if (!drag) return;
+    const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
+    if (Math.abs(dx) + Math.abs(dy) > 4) drag.moved = true;
+    if (drag.moved) { T.x = drag.tx + dx; T.y = drag.ty + dy; apply(); svg.classList.add("dragging"); }
+  });
+  svg.addEventListener("pointerup", () => {
+    svg.classList.remove("dragging");
+    if (drag && !drag.moved) {
+      const hit = drag.target.closest && drag.target.closest("[data-step]");
+      if (hit) select(+hit.dataset.step, false); else select(null);
+    }
+    drag = null;
+  });
+  $("fit").addEventListener("click", fit);
+  $("zoomin").addEventListener("click", () => { const r = svg.getBoundingClientRect(); zoomAt(r.width / 2, r.height / 2, 1.4); });
+  $("zoomout").addEventListener("click", () => { const r = svg.getBoundingClientRect(); zoomAt(r.width / 2, r.height / 2, 1 / 1.4); });
+  $("legend").addEventListener("click", (e) => {
+    const chip = e.target.closest("[data-state]");
+    if (!chip) return;
+    if (svg.dataset.only === chip.dataset.state) delete svg.dataset.only; else svg.dataset.only = chip.dataset.state;
+    paint();
+  });
+
+  // -- selection and details -------------------------------------------------------------------------
+  let selected = null, marked = [];
+  function select(i, centreIt) {
+    for (const j of marked) if (stepEl[j]) stepEl[j].classList.remove("sel", "nbr");
+    marked = [];
+    const focus = $("focus");
+    focus.textContent = "";
+    selected = i;
+    if (i === null) { $("details").hidden = true; history.replaceState(null, "", location.pathname + location.search); return; }
+    const near = steps[i].deps.concat(consumers[i]);
+    stepEl[i].classList.add("sel");
+    marked.push(i);
+    near.slice(0, 2000).forEach((j) => { stepEl[j].classList.add("nbr"); marked.push(j); });
+    const a = centre[i];
+    near.slice(0, 500).forEach((j) => {
+      const b = centre[j];
+      focus.appendChild(svgEl("line", { x1: a[0], y1: a[1], x2: b[0], y2: b[1] }));
+    });
+    showDetails(i);
+    history.replaceState(null, "", "#" + encodeURIComponent(steps[i].name));
+    if (centreIt) centreOn(i); else keepInView(i);
+  }
+
+  function row(dl, key, value, cls) {
+    if (value === undefined || value === null || value === "") return;
+    dl.appendChild(h("dt", "", key));
+    dl.appendChild(h("dd", cls || "", value));
+  }
+  function stepList(title, list) {
+    const box = h("div", "");
+    if (!list.length) return box;
+    box.appendChild(h("h3", "", title + " (" + list.length.toLocaleString() + ")"));
+    const ul = h("ul", "steplist");
+    list.slice(0, 60).forEach((j) => {
+      const li = h("li", "");
+      const b = h("button", "chip s-" + stateOf(j), stateOf(j));
+      b.dataset.goto = j;
+      li.appendChild(b);
+      const name = h("button", "link", steps[j].name);
+      name.dataset.goto = j;
+      li.appendChild(name);
+      ul.appendChild(li);
+    });
+    if (list.length > 60) ul.appendChild(h("li", "muted", "… and " + (list.length - 60).toLocaleString() + " more"));
+    box.appendChild(ul);
+    return box;
+  }
+  function showDetails(i) {
+    const s = steps[i], st = stateOf(i), pane = $("details");
+    pane.hidden = false;
+    pane.textContent = "";
+    const close = h("button", "close", "×");
+    close.title = "close";
+    close.addEventListener("click", () => select(null));
+    pane.appendChild(close);
+    pane.appendChild(h("h2", "", s.name));
+    const chip = h("span", "chip s-" + st, st);
+    pane.appendChild(chip);
+    if (st !== s.state) pane.appendChild(h("span", "muted", "  planned " + s.state));
+    const why = R && R.steps && R.steps[i] && R.steps[i][4] && st !== s.state ? R.steps[i][4] : s.reason;
+    if (why) pane.appendChild(h("p", "reason", why));
+    const dl = h("dl", "");
+    if (R && R.steps && R.steps[i]) {
+      const r = R.steps[i];
+      row(dl, "attempts", r[1] ? String(r[1]) : "");
+      row(dl, "started", when(r[2]));
+      row(dl, "duration", runInfo(i));
+    }
+    row(dl, "type", s.type);
+    row(dl, "digest", s.digest, "mono");
+    row(dl, "path", s.path, "mono");
+    row(dl, "resources", s.resources);
+    row(dl, "held by", s.holder);
+    if (s.code_drift) row(dl, "code", "drifted since the output was made");
+    if (s.conditional_on) row(dl, "runs if", "the outputs of " + s.conditional_on.join(", ") + " change");
+    pane.appendChild(dl);
+    if (s.stale) {
+      pane.appendChild(h("h3", "stale", "changed inputs (why it is STALE)"));
+      const t = h("table", "stale");
+      const head = h("tr", "");
+      ["input", "made from output", "output now"].forEach((x) => head.appendChild(h("th", "", x)));
+      t.appendChild(head);
+      s.stale.forEach((c) => {
+        const tr = h("tr", "");
+        tr.appendChild(h("td", "", c.input));
+        const was = h("td", "mono", c.recorded.slice(0, 16)); was.title = c.recorded; tr.appendChild(was);
+        const now = h("td", "mono", c.current.slice(0, 16)); now.title = c.current; tr.appendChild(now);
+        t.appendChild(tr);
+      });
+      pane.appendChild(t);
+    }
+    const m = R && R.metrics && R.metrics[i];
+    if (m) { pane.appendChild(h("h3", "", "training curves")); pane.appendChild(chartsOf(m)); }
+    pane.appendChild(stepList("inputs", s.deps));
+    pane.appendChild(stepList("used by", consumers[i]));
+    pane.appendChild(h("h3", "", "config"));
+    pane.appendChild(h("pre", "config", JSON.stringify(s.config, null, 2)));
+    const rec = (R && R.records && R.records[i]) || s.record;
+    pane.appendChild(h("h3", "", "record"));
+    pane.appendChild(h("pre", "record", rec ? JSON.stringify(rec, null, 2)
+      : "no record: this output has not been made under this prefix yet"));
+  }
+  $("details").addEventListener("click", (e) => {
+    const b = e.target.closest("[data-goto]");
+    if (b) select(+b.dataset.goto, true);
+  });
+
+  // -- search ---------------------------------------------------------------------------------------
+  let matches = [], cursor = -1;
+  $("search").addEventListener("input", () => {
+    for (const j of matches) stepEl[j].classList.remove("match");
+    const q = $("search").value.trim().toLowerCase();
+    matches = q ? steps.map((s, i) => i).filter((i) => steps[i].name.toLowerCase().includes(q)) : [];
+    matches.forEach((j) => stepEl[j].classList.add("match"));
+    cursor = -1;
+    $("found").textContent = q ? matches.length.toLocaleString() + " found" : "";
+  });
+  $("search").addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !matches.length) return;
+    cursor = (cursor + 1) % matches.length;
+    select(matches[cursor], true);
+  });
+
+  // -- training curves (inline SVG) -------------------------------------------------------------------
+  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+  const PREFERRED = ["loss", "lr", "tokens_per_s", "expert_load"];
+  function fmt(v) {
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
+    return (+v.toPrecision(4)).toLocaleString();
+  }
+  function chartsOf(m) {
+    const byChart = {};
+    Object.keys(m.series).forEach((key) => {
+      const name = key.replace(/_(min|max|mean|avg|p\d+)$/, "");
+      (byChart[name] = byChart[name] || []).push(key);
+    });
+    const names = Object.keys(byChart).sort((a, b) => {
+      const ia = PREFERRED.indexOf(a), ib = PREFERRED.indexOf(b);
+      return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib) || a.localeCompare(b);
+    });
+    const wrap = h("div", "charts");
+    names.forEach((name) => wrap.appendChild(chart(name, byChart[name].sort(), m)));
+    return wrap;
+  }
+  function chart(name, keys, m) {
+    const W = 300, H = 150, L = 54, Rm = 10, Tm = 20, B = 22;
+    const el = svgEl("svg", { class: "chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+    keys.forEach((k) => m.series[k].forEach(([x, y]) => {
+      x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+    }));
+    if (x1 === x0) x1 = x0 + 1;
+    if (y1 === y0) { y1 = y0 + Math.abs(y0 || 1) * 0.05; y0 = y0 - Math.abs(y0 || 1) * 0.05; }
+    const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
+    el.appendChild(svgEl("rect", { x: L, y: Tm, width: W - L - Rm, height: H - Tm - B, class: "plot" }));
+    el.appendChild(svgEl("text", { x: 4, y: 13, class: "ctitle" }, name));
+    el.appendChild(svgEl("text", { x: L - 4, y: Tm + 8, class: "tick", "text-anchor": "end" }, fmt(y1)));
+    el.appendChild(svgEl("text", { x: L - 4, y: H - B, class: "tick", "text-anchor": "end" }, fmt(y0)));
+    el.appendChild(svgEl("text", { x: L, y: H - 6, class: "tick" }, fmt(x0)));
+    el.appendChild(svgEl("text", { x: W - Rm, y: H - 6, class: "tick", "text-anchor": "end" }, fmt(x1) + " " + (m.x || "")));
+    keys.forEach((k, n) => {
+      const pts = m.series[k].map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ");
+      el.appendChild(svgEl("polyline", { points: pts, class: "series", stroke: PALETTE[n % PALETTE.length] }));
+      const last = m.series[k][m.series[k].length - 1];
+      const label = (keys.length > 1 ? k.slice(name.length + 1) + " " : "") + (last ? fmt(last[1]) : "");
+      el.appendChild(svgEl("text", { x: W - Rm, y: 13 + 11 * n, class: "tick", "text-anchor": "end", fill: PALETTE[n % PALETTE.length] }, label));
+    });
+    return el;
+  }
+  function drawCurves() {
+    const pane = $("curves");
+    const have = R && R.metrics ? Object.keys(R.metrics) : [];
+    pane.hidden = !have.length;
+    if (!have.length) return;
+    pane.textContent = "";
+    have.forEach((k) => {
+      const i = +k, rowEl = h("div", "curverow");
+      const name = h("button", "link", steps[i].name);
+      name.dataset.goto = i;
+      name.addEventListener("click", () => select(i, true));
+      rowEl.appendChild(name);
+      rowEl.appendChild(chartsOf(R.metrics[k]));
+      pane.appendChild(rowEl);
+    });
+  }
+
+  // -- live updates over http(s) ------------------------------------------------------------------------
+  function pollEvery() { return 1000 * ((R && R.poll) || 10); }
+  function poll() {
+    if (!R || R.finished) return;
+    fetch("voyage.json", { cache: "no-store" }).then((r) => (r.ok ? r.json() : null)).then((j) => {
+      if (j && j.run && j.run.updated !== R.updated) { R = j.run; paint(); }
+      if (!R.finished) setTimeout(poll, pollEvery());
+    }).catch(() => setTimeout(poll, 3 * pollEvery()));
+  }
+
+  // -- start ----------------------------------------------------------------------------------------------
+  $("status").textContent = "laying out " + boxes.length.toLocaleString() + " boxes for " + N.toLocaleString() + " steps…";
+  setTimeout(() => {
+    try {
+      const t0 = performance.now();
+      draw(layout());
+      paint();
+      fit();
+      $("status").textContent = "";
+      const drawn = document.querySelectorAll("#boxes [data-step]").length;
+      window.voyagePage = { steps: N, drawn: drawn, boxes: boxes.length, layoutMs: performance.now() - t0 };
+      const target = decodeURIComponent(location.hash.slice(1));
+      if (target && index.has(target)) select(index.get(target), true);
+      requestAnimationFrame(() => requestAnimationFrame(() => {
+        document.documentElement.dataset.drawn = String(Math.round(performance.now()));
+      }));
+      if (R && !R.finished && /^https?:$/.test(location.protocol)) setTimeout(poll, pollEvery());
+    } catch (err) {
+      $("status").textContent = "could not draw the plan: " + err;
+      console.error(err);
+    }
+  }, 0);
+})();

@@ -1,0 +1,88 @@
+"""The terminal plan and summary: grouped by state with counts, readable at 10 and at 1,000 steps."""
+
+import io
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from vizkit import replan, run_inline, small_voyage, synthetic_plan  # noqa: E402
+
+from executor import report  # noqa: E402
+from executor.runner import Outcome, RunSummary  # noqa: E402
+
+
+def printed(plan, **kwargs):
+    out = io.StringIO()
+    report.print_plan(plan, out, **kwargs)
+    return out.getvalue()
+
+
+def test_ten_steps_one_line_each_with_path_resources_and_reason(tmp_path):
+    prefix = str(tmp_path / "p")
+    run_inline(small_voyage(), prefix)
+    plan = replan(small_voyage(value="A2"), prefix)
+    text = printed(plan)
+    lines = text.splitlines()
+    assert lines[0] == f"plan of 6 steps under {prefix}: RUN 4  CACHED 2"
+    assert "RUN 4  no output yet" in lines and "CACHED 2  output exists" in lines
+    a = next(line for line in lines if line.startswith("data/a "))
+    assert "1 cpu" in a and plan.store.url(plan.dag["data/a"].dirname) in a and 'config.value: "A" -> "A2"' in a
+    ab = next(line for line in lines if line.startswith("join/ab "))
+    assert "input data/a re-addressed" in ab
+    assert all(line == line.rstrip() for line in lines)  # no padding left by the table
+    assert text.index("RUN 4") < text.index("CACHED 2")  # what will run first
+
+
+def test_a_thousand_steps_fit_on_a_screen(tmp_path):
+    prefix = str(tmp_path / "v")
+    plan = synthetic_plan(1000, prefix)
+    text = printed(plan)
+    lines = text.splitlines()
+    assert lines[0] == f"plan of 1,000 steps under {prefix}: RUN 329  STALE 33  RETRY 7  CACHED 630  SKIPPED 1"
+    assert len(lines) < 70
+    dedup = next(line for line in lines if line.startswith("dedup/* "))
+    assert "x 324" in dedup and f"{prefix}/dedup/*" in dedup and "config.threshold: 0.8 -> 0.85" in dedup
+    cached = next(line for line in lines if line.startswith("raw/* "))
+    assert "x 331" in cached
+    assert any(line.startswith("pretrain ") and "4 x (1 cpu, 8 gpu)" in line for line in lines)
+    # 33 STALE steps are under the threshold: each is listed, with both digests in its reason
+    assert sum(line.startswith("tokenized/") and "output changed" in line for line in lines) == 33
+
+
+def test_grouping_coarsens_until_the_rows_fit(tmp_path):
+    from executor.plan import Decision, Plan
+
+    plan = synthetic_plan(100, "/tmp/x")
+    many = [Decision(d.node, "RUN", "r", will_run=True) for d in plan.decisions]
+    for k, d in enumerate(many):  # 100 distinct prefixes a/k/leaf: by parent they would be 100 rows
+        d.node.step.name = f"a/{k}/leaf"
+    text = printed(Plan(plan.dag, plan.store, many))
+    assert "a/*" in text and len(text.splitlines()) < 10
+
+
+def test_unplaceable_steps_are_flagged(tmp_path):
+    plan = replan(small_voyage(), str(tmp_path / "p"))
+    text = printed(plan, unplaceable={"model": "needs 8 GPU, the largest node has 0"})
+    line = next(line for line in text.splitlines() if line.startswith("model "))
+    assert "CANNOT BE PLACED: needs 8 GPU" in line
+    assert "1 step(s) cannot be placed" in text
+
+
+def test_summary_lists_failures_with_their_record_and_groups_successes(tmp_path):
+    prefix = str(tmp_path / "p")
+    plan, summary = run_inline(small_voyage(fail=True), prefix)
+    out = io.StringIO()
+    report.print_summary(summary, plan, out, page="file:///page/index.html")
+    text = out.getvalue()
+    assert "FAILED 1" in text and "SUCCESS 5" in text
+    assert "RuntimeError: this step fails on purpose" in text
+    assert f"record: {plan.store.url(plan.dag['join/abc'].dirname)}/.step.json" in text
+    assert "voyage page: file:///page/index.html" in text
+
+    big = synthetic_plan(1000, "/tmp/x")
+    outcomes = {d.name: Outcome(d.name, "SUCCESS", started=0.0, ended=1.0) for d in big.decisions}
+    out = io.StringIO()
+    report.print_summary(RunSummary(outcomes=outcomes, seconds=12.0), big, out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) < 50 and any("tokenized/* x 331" in line and "331.0s" in line for line in lines)
