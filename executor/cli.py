@@ -155,9 +155,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
             if problems:
                 unplaceable[d.name] = problems[0].split(": ", 1)[-1]
         report.print_plan(plan, sys.stdout, unplaceable)
-        if unplaceable:
-            print(f"{len(unplaceable)} step(s) cannot be placed on this cluster; a real run would stop before "
-                  "starting anything.", file=sys.stdout)
+        _print_voyage_summary(vf, config)
         return 0
 
     return _run(opts, vf, plan, leases)
@@ -181,6 +179,20 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan, leases: Leases) -> int:
     summary = run_plan(plan, leases, opts.ray_address, opts.max_concurrent, pickle_by_value=[vf.module], page=page)
     report.print_summary(summary, plan, sys.stdout, page=page.url if page is not None else None)
     return summary.exit_code
+
+
+def _print_voyage_summary(vf: VoyageFile, config: object) -> None:
+    """A voyage may define `summary(config) -> str` (its budget, say): printed after the plan."""
+    summary = getattr(vf.module, "summary", None)
+    if not callable(summary):
+        return
+    try:
+        text = summary(config) if vf.config_class is not None else summary()
+    except Exception as e:  # a broken summary must not hide the plan
+        text = f"(the voyage's summary() failed: {type(e).__name__}: {e})"
+    if text:
+        print()
+        print(text)
 
 
 def _look(opts: Options, vf: VoyageFile, plan: Plan) -> int:
@@ -227,6 +239,7 @@ def _parse_config(vf: VoyageFile, overrides: list[str]) -> object:
     import draccus
     from draccus.utils import DraccusException
 
+    overrides = _bare_bool_flags(config_class, overrides)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -237,6 +250,31 @@ def _parse_config(vf: VoyageFile, overrides: list[str]) -> object:
         last = [line for line in err.getvalue().splitlines() if line.strip()]
         msg = last[-1].split("error: ", 1)[-1] if last else "bad arguments"
         raise VoyageError(f"{msg} (see {PROG} {vf.path} --help)") from None
+
+
+def _bare_bool_flags(config_class: type, args: list[str]) -> list[str]:
+    """`--laptop` alone means `--laptop true` for a bool field (draccus wants the value)."""
+    import dataclasses
+    import typing
+
+    def bool_fields(cls: type, prefix: str) -> set[str]:
+        out: set[str] = set()
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name)
+            if kind is bool:
+                out.add(prefix + f.name)
+            elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                out |= bool_fields(kind, f"{prefix}{f.name}.")
+        return out
+
+    flags = {f"--{name}" for name in bool_fields(config_class, "")}
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg in flags and (i + 1 == len(args) or args[i + 1].startswith("--")):
+            out.append("true")
+    return out
 
 
 def _config_help(config_class: type, voyage_path: str) -> None:

@@ -1,0 +1,189 @@
+"""The 535B-A23B voyage: the whole plan of the real run, and the same DAG at laptop scale.
+
+    marin-run voyages/535b.py --dry-run            # the full-scale plan and its budget
+    marin-run voyages/535b.py --laptop             # the same DAG, tiny, end to end on 2 cores
+
+Full scale (public figures, DESIGN.md): declared public sources -> ingest -> dedup -> tokenize
+(the 128,256-token Llama 3 vocabulary, pinned into the prefix) -> mixture (15T tokens of
+pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23B, batch
+11,264 x 4096, 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval.
+
+Laptop (`--laptop`): the same steps and edges over the bundled corpus (data/corpus: the King James
+Bible and the Python 3.11 documentation), a byte-level BPE trained on it instead of the pinned
+Llama 3 tokenizer, the `tiny` MoE preset and local resources. Run it from the repository root
+(the bundled corpus is named by repository-relative paths, so its digests do not depend on where
+the repository was cloned).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from executor import Resources, RetryPolicy, Step, output_of
+from steps.data.dedup import DedupConfig, dedup
+from steps.data.ingest import IngestConfig, ingest
+from steps.data.mixture import MixtureConfig, MixtureStage, mixture
+from steps.data.tokenize import TokenizeConfig, tokenize
+from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
+from steps.moe.config import PRESETS, MoEConfig, param_counts
+
+
+@dataclass(frozen=True)
+class Source:
+    """A declared public source: where its documents are and how many tokens it holds."""
+
+    name: str
+    url: str
+    tokens: float  # declared size, in tokens of the voyage's tokenizer
+    license: str
+    pretrain: float  # weight in the pretraining stage
+    midtrain: float  # weight in the midtraining stage
+
+
+FULL_SOURCES = (
+    Source("nemotron-cc", "gs://marin-us-central2/raw/nemotron-cc/**/*.jsonl.zst", 6.3e12, "NVIDIA data agreement", 0.616, 0.682),
+    Source("dclm-baseline", "gs://marin-us-central2/raw/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, "CC-BY-4.0", 0.33, 0.15),
+    Source("starcoder2-data", "gs://marin-us-central2/raw/starcoder2-data/**/*.parquet", 913e9, "per-repository licences", 0.04, 0.10),
+    Source("proof-pile-2", "gs://marin-us-central2/raw/proof-pile-2/**/*.jsonl.zst", 55e9, "per-source licences", 0.005, 0.02),
+    Source("finemath-3plus", "gs://marin-us-central2/raw/finemath-3plus/**/*.parquet", 34e9, "ODC-BY-1.0", 0.0, 0.02),
+    Source("arxiv", "gs://marin-us-central2/raw/redpajama-arxiv/**/*.jsonl.gz", 28e9, "per-paper licences", 0.003, 0.01),
+    Source("wikipedia", "gs://marin-us-central2/raw/wikipedia-20241201/**/*.jsonl.gz", 24e9, "CC-BY-SA-4.0", 0.003, 0.01),
+    Source("stackexchange", "gs://marin-us-central2/raw/stackexchange-20241201/**/*.jsonl.gz", 20e9, "CC-BY-SA-4.0", 0.003, 0.008),
+)
+
+LAPTOP_SOURCES = (
+    Source("kjv", "data/corpus/kjv.jsonl.zst", 1.2e6, "public domain", 0.7, 0.3),
+    Source("pydocs", "data/corpus/pydocs.jsonl.zst", 1.3e6, "PSF-2.0", 0.3, 0.7),
+)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Everything that differs between the full voyage and its laptop rehearsal."""
+
+    sources: tuple[Source, ...]
+    model: MoEConfig
+    seq_len: int
+    batch_size: int  # sequences per optimizer step
+    pretrain_tokens: float
+    midtrain_tokens: float
+    train_workers: int
+    train_resources: Resources
+    data_resources: Resources
+    eval_resources: Resources
+    tokenizer_vocab: int
+
+
+FULL = Scale(
+    sources=FULL_SOURCES, model=PRESETS["535b-a23b"], seq_len=4096, batch_size=11_264,
+    pretrain_tokens=15e12, midtrain_tokens=3.75e12, train_workers=792,
+    train_resources=Resources(cpus=16, gpus=1, accelerator="GB200", memory_gb=400, workers=792),
+    data_resources=Resources(cpus=8, memory_gb=32), eval_resources=Resources(cpus=16, gpus=4, accelerator="GB200"),
+    tokenizer_vocab=128_256,
+)
+
+LAPTOP = Scale(
+    sources=LAPTOP_SOURCES, model=PRESETS["tiny"], seq_len=64, batch_size=32,
+    pretrain_tokens=0.0, midtrain_tokens=0.0,  # set from the training recipe below
+    train_workers=2, train_resources=Resources(cpus=1, workers=2),
+    data_resources=Resources(cpus=1), eval_resources=Resources(cpus=1), tokenizer_vocab=512,
+)
+
+
+@dataclass(frozen=True)
+class VoyageConfig:
+    """Knobs of the 535B voyage (`marin-run voyages/535b.py --help`)."""
+
+    laptop: bool = False  # the same DAG at laptop scale: bundled corpus, tiny model, local resources
+    seed: int = 0
+    mfu: float = 0.175  # model FLOPs utilization assumed by the budget
+    gpu_peak_tflops: float = 2500.0  # dense bf16 peak of one GB200 GPU, for the budget
+    gpus: int = 792  # 11 NVL72 racks
+
+
+def scale_of(config: VoyageConfig) -> Scale:
+    return LAPTOP if config.laptop else FULL
+
+
+def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
+    """The tokenizer step and, per source, its tokenized dataset."""
+    scale = scale_of(config)
+    docs: dict[str, Step] = {}
+    for src in scale.sources:
+        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url), resources=scale.data_resources)
+        docs[src.name] = Step(f"dedup/{src.name}", dedup, DedupConfig(documents=output_of(raw), seed=config.seed),
+                              resources=scale.data_resources)
+    if config.laptop:
+        tok = Step("tokenizer/bpe-512", train_tokenizer,
+                   TrainTokenizerConfig(documents=output_of(docs[scale.sources[0].name]),
+                                        vocab_size=scale.tokenizer_vocab))
+    else:
+        tok = Step("tokenizer/llama3", pin_tokenizer,
+                   PinTokenizerConfig(source="meta-llama/Llama-3.1-8B", expect_vocab_size=scale.tokenizer_vocab))
+    tokenized = {
+        name: Step(f"tokenized/{name}", tokenize,
+                   TokenizeConfig(documents=output_of(d), tokenizer=output_of(tok), bos=None, eos=_eos(config)),
+                   resources=scale.data_resources)
+        for name, d in docs.items()}
+    return tok, tokenized
+
+
+def _eos(config: VoyageConfig) -> str:
+    return "<|eos|>" if config.laptop else "<|end_of_text|>"
+
+
+def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens: float) -> Step:
+    """15T of pretraining at one set of weights, then 3.75T of midtraining at another."""
+    scale = scale_of(config)
+    pre = scale.pretrain_tokens / (scale.pretrain_tokens + scale.midtrain_tokens) if total_tokens else 0.8
+    stages = (MixtureStage(pre, {s.name: s.pretrain for s in scale.sources if s.pretrain}),
+              MixtureStage(round(1 - pre, 12), {s.name: s.midtrain for s in scale.sources if s.midtrain}))
+    return Step("mixture/535b" if not config.laptop else "mixture/laptop", mixture, MixtureConfig(
+        datasets={n: output_of(t) for n, t in tokenized.items()}, token_budget=int(total_tokens),
+        seq_len=scale.seq_len, stages=stages, seed=config.seed))
+
+
+def voyage(config: VoyageConfig) -> list[Step]:
+    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval."""
+    scale = scale_of(config)
+    tok, tokenized = data_steps(config)
+    total = scale.pretrain_tokens + scale.midtrain_tokens
+    mix = mixture_step(config, tokenized, total)
+    return [mix, tok]
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget, printed by `marin-run voyages/535b.py --dry-run`.
+
+
+def summary(config: VoyageConfig) -> str:
+    """Parameters, tokens, optimizer steps, FLOPs (with the formula), GPU-hours and days."""
+    scale = scale_of(config)
+    m = scale.model
+    total, active = param_counts(m)
+    tokens = scale.pretrain_tokens + scale.midtrain_tokens
+    if not tokens:
+        return f"laptop rehearsal: {m.n_layers} layers, {total:,} parameters ({active:,} active)"
+    steps = tokens / (scale.batch_size * scale.seq_len)
+    # Attention scores and values: 2 matmuls x 2 FLOPs x 3 (fwd + bwd) per (query, key, head dim),
+    # over the keys a query sees: half the sequence on a causal global layer, the window elsewhere.
+    n_global = sum(m.is_global(i) for i in range(m.n_layers))
+    keys = n_global * scale.seq_len / 2 + (m.n_layers - n_global) * min(m.sliding_window, scale.seq_len)
+    attn_per_token = 12 * m.n_heads * m.head_dim * keys
+    flops = (6 * active + attn_per_token) * tokens
+    gpu_seconds = flops / (config.gpu_peak_tflops * 1e12 * config.mfu)
+    lines = [
+        f"budget of the 535B-A23B voyage ({m.n_layers} layers, {m.n_experts} experts top-{m.top_k}, d={m.dim}):",
+        f"  parameters  {total / 1e9:,.1f}B total, {active / 1e9:,.2f}B active per token",
+        f"  tokens      {tokens / 1e12:,.2f}T = {scale.pretrain_tokens / 1e12:g}T pretrain + "
+        f"{scale.midtrain_tokens / 1e12:g}T midtrain (switch at {scale.pretrain_tokens / tokens:.0%})",
+        f"  batch       {scale.batch_size:,} x {scale.seq_len:,} = {scale.batch_size * scale.seq_len / 1e6:,.1f}M tokens; "
+        f"{steps:,.0f} optimizer steps",
+        f"  FLOPs       (6 x N_active + 12 x heads x head_dim x keys_per_query) x tokens",
+        f"              = (6 x {active / 1e9:.2f}e9 + 12 x {m.n_heads} x {m.head_dim} x {keys:,.0f}) x {tokens:.3g}"
+        f" = {flops:.2e}",
+        f"  compute     {gpu_seconds / 3600:,.0f} GPU-hours at {config.mfu:.1%} MFU of {config.gpu_peak_tflops:g} TFLOP/s "
+        f"= {gpu_seconds / config.gpus / 86400:,.0f} days on {config.gpus} GB200",
+    ]
+    return "\n".join(lines)
