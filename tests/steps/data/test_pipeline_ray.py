@@ -17,10 +17,9 @@ from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer  # noqa: 
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+def local_ray(ray_local):
+    """The session's embedded Ray (a process joins one Ray at a time)."""
+    yield ray_local
 
 
 def _voyage(corpus: str) -> list[Step]:
