@@ -3,6 +3,12 @@
 gcsfs exposes create-if-absent (`mode="create"` sends `ifGenerationMatch=0`) but no
 replace-if-generation; the lease's compare-and-swap needs both, so the replace is one JSON-API
 multipart upload with `ifGenerationMatch=<generation>` sent through `GCSFileSystem._call`.
+
+gcsfs retries every request that fails transiently (408, 429, 5xx, dropped connections) with
+backoff. What it cannot know is that a conditional upload whose response was lost may have
+landed: its retry then fails the precondition (412) against our own write. So a 412 is only a
+lost race if the object does not hold exactly the bytes we sent (a lease's bytes name its owner
+and times, so no one else writes the same ones).
 """
 
 from __future__ import annotations
@@ -15,13 +21,20 @@ from fsspec.asyn import sync
 
 
 def read_with_generation(fs: Any, path: str) -> tuple[int | None, bytes | None]:
-    """(generation, bytes) of an object, or (None, None) if it does not exist."""
+    """(generation, bytes) of an object, or (None, None) if it does not exist.
+
+    The generation comes from a metadata request of its own, not `fs.info`, which may answer
+    from gcsfs's listing cache: a stale generation would make every compare-and-swap fail. The
+    bytes are read after it, so they are of that generation or a newer one, and a newer one only
+    makes the compare-and-swap fail and read again.
+    """
+    bucket, key, _ = fs.split_path(path)
+
+    async def metadata() -> dict:
+        return await fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True)
+
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return None, None
-    generation = int(info.get("generation") or 0)
-    try:
+        generation = int(sync(fs.loop, metadata).get("generation") or 0)
         data = fs.cat_file(path)
     except FileNotFoundError:
         return None, None
@@ -47,14 +60,19 @@ def write_if_generation(fs: Any, path: str, data: bytes, generation: int) -> boo
 
     try:
         sync(fs.loop, upload)
-    except Exception as e:  # 412 Precondition Failed: someone else wrote first
-        if _is_precondition_failure(e):
+    except Exception as e:
+        if not _is_precondition_failure(e):
+            raise
+        # Someone wrote first, or gcsfs retried an upload of ours that had landed.
+        fs.invalidate_cache(path)
+        try:
+            return fs.cat_file(path) == data
+        except FileNotFoundError:
             return False
-        raise
     fs.invalidate_cache(path)
     return True
 
 
 def _is_precondition_failure(e: Exception) -> bool:
-    code = getattr(e, "code", None) or getattr(e, "status", None)
-    return code == 412 or "412" in str(e) or "precondition" in str(e).lower() or isinstance(e, FileExistsError)
+    # gcsfs turns 412 Precondition Failed into FileExistsError.
+    return isinstance(e, FileExistsError) or getattr(e, "code", None) == 412 or getattr(e, "status", None) == 412

@@ -2,9 +2,10 @@
 
 A lease is the file `{output}/.lease` holding its owner (host, pid, run id), an expiry time and a
 fencing token. It is taken by create-if-absent, renewed and taken over by compare-and-swap, and
-never deleted: release marks it released, so the fencing token only ever grows. Before a worker
-writes SUCCESS it checks that the lease still carries its token (`still_ours`); an executor that
-lost its lease (paused, partitioned, killed and taken over) therefore never marks a folder done.
+never deleted: release marks it released, so the fencing token only ever grows. A worker changes
+a folder's status only inside `fence`, which checks that the lease still carries its token; an
+executor that lost its lease (paused, partitioned, killed and taken over) therefore never marks a
+folder done. docs/leases.md has the whole protocol and its failure cases.
 
 Compare-and-swap per store:
 - local files: an exclusive `flock` on the lease file around read-compare-write (atomic between
@@ -23,8 +24,9 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from executor.store import LEASE, Store
 
@@ -79,9 +81,8 @@ class Leases:
     # -- public verbs -----------------------------------------------------------------------------
     def try_acquire(self, dirname: str) -> tuple[LeaseInfo | None, LeaseInfo | None]:
         """(our lease, None) if acquired; (None, the live holder) if someone else holds it."""
-        now = time.time()
-
         def take(current: LeaseInfo | None) -> LeaseInfo | None:
+            now = time.time()  # when the lock is ours, not before waiting for it
             if current is not None and current.live(now) and not self._mine(current):
                 return None
             token = (current.token + 1) if current is not None else 1
@@ -114,9 +115,40 @@ class Leases:
         return self._read(dirname)[0]
 
     def still_ours(self, dirname: str, token: int) -> bool:
-        """The fencing check made before SUCCESS is written."""
+        """Whether the lease is live and still carries `token`."""
         current = self._read(dirname)[0]
         return current is not None and current.token == token and current.live()
+
+    @contextmanager
+    def fence(self, dirname: str, token: int | None) -> Iterator[bool]:
+        """Around a worker's status writes: yields whether the lease still carries `token`.
+
+        On local files the lease's flock is held until the block ends, so no executor can take
+        the lease over between the check and the writes inside the block. Elsewhere the lease
+        must also have a quarter of its ttl left (a healthy heartbeat keeps three quarters), so
+        the writes have that long to land before a takeover is even possible. No token (a step
+        run without leases) is always ours.
+        """
+        if token is None:
+            yield True
+            return
+        path = self.store.path(dirname, LEASE)
+        if not self.store.is_local:
+            current = self._read(dirname)[0]
+            yield (current is not None and current.token == token and not current.released
+                   and current.expires - time.time() > self.ttl / 4)
+            return
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            current = _load(_read_fd(fd))
+            yield current is not None and current.token == token and current.live()
+        finally:
+            os.close(fd)  # closing releases the flock
 
     def _mine(self, info: LeaseInfo) -> bool:
         return info.run_id == self.owner.run_id
@@ -167,10 +199,7 @@ def _update_local(path: str, fn: Update) -> tuple[bool, LeaseInfo | None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        data = b""
-        while chunk := os.read(fd, 1 << 16):
-            data += chunk
-        current = _load(data)
+        current = _load(_read_fd(fd))
         new = fn(current)
         if new is None:
             return False, current
@@ -182,6 +211,13 @@ def _update_local(path: str, fn: Update) -> tuple[bool, LeaseInfo | None]:
         return True, new
     finally:
         os.close(fd)  # closing releases the flock
+
+
+def _read_fd(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 1 << 16):
+        data += chunk
+    return data
 
 
 def _update_gcs(store: Store, path: str, fn: Update) -> tuple[bool, LeaseInfo | None]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from executor.identity import SCHEME, plain
-from executor.lease import Heartbeat, Leases
+from executor.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import CACHED, RERUN, Decision, Plan
 from executor.store import SUCCESS, InputInfo
 from executor.worker import TaskResult, TaskSpec, resolve
@@ -70,6 +70,13 @@ class RunSummary:
 Listener = Callable[[Outcome], None]
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """A step another executor holds the lease of (`holder`, None if unreadable)."""
+
+    holder: LeaseInfo | None
+
+
 class Runner:
     """Runs the steps a plan marks `will_run`, dependencies first, at most `max_concurrent` at once."""
 
@@ -112,8 +119,8 @@ class Runner:
                     started = self._start(d, summary, heartbeat, tries)
                     if started is None:  # finished meanwhile, or cut off
                         pending.remove(d)
-                    elif started == WAITING:
-                        next_try[d.name] = now + min(30.0, max(self.poll, self.leases.ttl / 4))
+                    elif isinstance(started, _Waiting):
+                        next_try[d.name] = now + self._wait_for(started.holder, now)
                     else:
                         pending.remove(d)
                         handle, task = started
@@ -125,12 +132,17 @@ class Runner:
                 for handle, result in self.backend.wait(list(inflight), timeout=self.poll):
                     d, task, attempt = inflight.pop(handle)
                     heartbeat.drop(d.node.dirname)
-                    if result.ok:
+                    if result.lease_lost:
+                        # Another executor took the folder over; wait for it and take its result.
+                        log.warning("step %s: %s; waiting for the new holder", d.name, result.error)
+                        pending.insert(0, d)
+                        self._set(summary, d.name, WAITING, reason="lease lost to another executor")
+                    elif result.ok:
                         self.outputs[d.name] = result.output_digest
                         self._set(summary, d.name, SUCCEEDED, output_digest=result.output_digest,
                                   started=result.started, ended=result.ended, attempts=result.attempt)
                         self._note_stale(d, result, summary)
-                    elif not result.lease_lost and d.node.step.retry.on_exception and \
+                    elif d.node.step.retry.on_exception and \
                             tries[d.name] < d.node.step.retry.max_attempts:
                         log.warning("step %s failed (%s); trying again", d.name, result.error)
                         pending.insert(0, d)
@@ -152,19 +164,31 @@ class Runner:
         if lease is None:
             who = holder.describe() if holder else "another executor"
             if summary.outcomes[d.name].state != WAITING:
+                log.info("%s: WAITING, leased by %s", d.name, who)
                 self._set(summary, d.name, WAITING, reason=f"leased by {who}")
-            return WAITING
+            return _Waiting(holder)
         # Read the status again now that the lease is ours: the holder may have just finished.
         if not forced and self._done_with_same_inputs(d):
             self.leases.release(node.dirname, lease)
             self._set(summary, d.name, CACHED, reason=self._cutoff_reason(d))
             return None
+        if summary.outcomes[d.name].state == WAITING:
+            log.info("%s: took over the lease (token %d) to run it", d.name, lease.token)
         heartbeat.hold(node.dirname, lease)
         tries[d.name] = tries.get(d.name, 0) + 1
         task = self._task(d, lease.token)
         handle = self.backend.submit(task, tries[d.name])
         self._set(summary, d.name, RUNNING, started=time.time())
         return handle, task
+
+    def _wait_for(self, holder: LeaseInfo | None, now: float) -> float:
+        """Seconds until a waiting step looks at its lease again: every quarter ttl, and just
+        after the holder's lease would expire if that comes sooner (a dead holder is taken over
+        about one ttl after its last renewal)."""
+        every = min(30.0, max(self.poll, self.leases.ttl / 4))
+        if holder is not None and not holder.released:
+            every = min(every, max(self.poll, holder.expires - now + 0.05))
+        return every
 
     def _done_with_same_inputs(self, d: Decision) -> bool:
         status = self.store.read_status(d.node.dirname)
@@ -178,6 +202,7 @@ class Runner:
     def _cutoff_reason(self, d: Decision) -> str:
         if d.conditional_on or d.state in ("STALE",):
             return "early cutoff: its inputs' outputs are unchanged"
+        log.info("%s: done meanwhile by another executor; taking its result", d.name)
         return "done meanwhile by another executor"
 
     def _task(self, d: Decision, token: int) -> TaskSpec:

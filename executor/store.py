@@ -143,7 +143,7 @@ class Store:
         probe = posixpath.join(self.root, f".marin-probe-{uuid.uuid4().hex}")
         self.fs.makedirs(self.root, exist_ok=True)
         self.fs.pipe_file(probe, b"ok")
-        self.fs.rm_file(probe)
+        _remove(self.fs, probe)
 
     # -- status ----------------------------------------------------------------------------------
     def read_statuses(self, dirnames: list[str]) -> dict[str, Status | None]:
@@ -209,13 +209,14 @@ class Store:
         """Remove everything a failed or interrupted attempt left, but the control files."""
         folder = self.path(dirname)
         try:
-            entries = self.fs.ls(folder, detail=False)
+            # refresh: an object store's listing cache may predate another process's writes
+            entries = self.fs.ls(folder, detail=False, refresh=True)
         except FileNotFoundError:
             return
         for entry in entries:
             if entry.rstrip("/").rpartition("/")[2] in CONTROL_FILES:
                 continue
-            self.fs.rm(entry, recursive=True)
+            _remove(self.fs, entry, recursive=True)
 
     def manifest(self, dirname: str) -> list[ManifestEntry]:
         """Every file of the output (control files excluded): relative path, size, checksum."""
@@ -267,6 +268,14 @@ def output_digest(manifest: Iterable[ManifestEntry]) -> str:
     """One digest over the manifest: equal iff the same files with the same bytes."""
     body = json.dumps([[e.path, e.size, e.checksum] for e in manifest], separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _remove(fs: fsspec.AbstractFileSystem, path: str, recursive: bool = False) -> None:
+    """Delete; already gone counts as done (a retried delete whose first try landed says 404)."""
+    try:
+        fs.rm(path, recursive=recursive)
+    except FileNotFoundError:
+        pass
 
 
 def _read_local(path: str) -> bytes | None:

@@ -1,13 +1,15 @@
 """Running one step inside a worker: the life of an output folder.
 
 absent -> RUNNING -> SUCCESS | FAILED. The order of writes is the whole point:
-1. the record gains a new attempt and `.status` says RUNNING (a crash from here on leaves a
-   folder that is never a cache hit);
+1. `.status` says RUNNING (a crash from here on leaves a folder that is never a cache hit), then
+   the record gains a new attempt;
 2. a non-resumable step's partial output from an earlier attempt is cleared;
 3. the function runs;
-4. the manifest and output digest are computed and the record is written;
-5. the lease is checked to still carry our fencing token;
-6. only then is `.status` SUCCESS written.
+4. the manifest and output digest are computed;
+5. inside the lease's fence (`Leases.fence`: the lease still carries our token, and the status
+   still names this attempt), the record is written and only then `.status` SUCCESS.
+Status and record are written only inside the fence, so an attempt that lost its lease (or was
+superseded by a retry of itself) never overwrites the folder of the one that replaced it.
 This module is engine-agnostic: the Ray backend calls `execute` inside a Ray task.
 """
 
@@ -67,12 +69,11 @@ class TaskResult:
 def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None) -> TaskResult:
     """Run one step through its whole output lifecycle; never raises for a user error."""
     store = Store(task.prefix, **task.storage_options)
+    leases = Leases(store, ttl=task.lease_ttl)
     started = time.time()
     previous = store.read_record(task.dirname)
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
-    for a in attempts:  # an attempt still RUNNING in the record died with its worker
-        if a.state == RUNNING:
-            a.state, a.error = "INTERRUPTED", a.error or "the worker or executor died during this attempt"
+    _close_dead_attempts(attempts, store.read_status(task.dirname))
     attempt = Attempt(number=len(attempts) + 1, state=RUNNING, started=started, host=socket.gethostname(),
                       pid=os.getpid(), node=node, run_id=task.run_id, token=task.token, reason=task.reason)
     record = Record(
@@ -82,28 +83,39 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         inputs=task.inputs, state=RUNNING, attempts=[*attempts, attempt],
         created=previous.created if previous is not None and attempts else time.time(),
     )
-    store.write_record(task.dirname, record)
-    store.write_status(task.dirname, Status(state=RUNNING, digest=task.digest, attempt=attempt.number,
-                                            token=task.token))
+    running = Status(state=RUNNING, digest=task.digest, attempt=attempt.number, token=task.token)
+    with leases.fence(task.dirname, task.token) as ours:
+        if ours:  # the status first: from here on a crash leaves a folder that is never a cache hit
+            store.write_status(task.dirname, running)
+            store.write_record(task.dirname, record)
+    if not ours:
+        return _lost(task, attempt, started)
     if not task.step_type.resumable:
         store.clear_partial(task.dirname)
 
     ctx = StepContext(name=task.name, output=store.url(task.dirname), digest=task.digest, attempt=attempt.number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper)
-    leases = Leases(store, ttl=task.lease_ttl)
     try:
         task.step_type.fn(task.config, ctx)
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
-        attempt.state, attempt.ended = FAILED, time.time()
+        # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
+        # failure of the step; the status stays RUNNING, as after a SIGKILL.
+        interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+        attempt.state, attempt.ended = ("INTERRUPTED" if interrupted else FAILED), time.time()
         attempt.error, attempt.traceback = f"{type(e).__name__}: {e}", tb
-        record.state, record.results = FAILED, ctx.results
-        store.write_record(task.dirname, record)
-        if task.token is None or leases.still_ours(task.dirname, task.token):
-            store.write_status(task.dirname, Status(state=FAILED, digest=task.digest, attempt=attempt.number,
-                                                    token=task.token))
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        record.state, record.results = (RUNNING if interrupted else FAILED), ctx.results
+        with leases.fence(task.dirname, task.token) as ours:
+            ours = ours and _still_running(store, task.dirname, running)
+            if ours:
+                store.write_record(task.dirname, record)
+                if not interrupted:
+                    store.write_status(task.dirname, Status(state=FAILED, digest=task.digest,
+                                                            attempt=attempt.number, token=task.token))
+        if interrupted:
             raise
+        if not ours:
+            return _lost(task, attempt, started)
         return TaskResult(task.name, False, error=attempt.error, traceback=tb, attempt=attempt.number,
                           started=started, ended=attempt.ended)
 
@@ -111,16 +123,46 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     digest_out = output_digest(manifest)
     attempt.state, attempt.ended = SUCCESS, time.time()
     record.state, record.manifest, record.output_digest, record.results = SUCCESS, manifest, digest_out, ctx.results
-    store.write_record(task.dirname, record)
-    if task.token is not None and not leases.still_ours(task.dirname, task.token):
-        # Fencing: another executor took this folder over; its SUCCESS, not ours, counts.
-        return TaskResult(task.name, False, error="lease lost to another executor; SUCCESS not written",
-                          attempt=attempt.number, started=started, ended=time.time(), lease_lost=True)
-    store.write_status(task.dirname, Status(
-        state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=attempt.number, token=task.token,
-        inputs={i.digest: i.output_digest for i in task.inputs}, code=task.code_fingerprint))
+    with leases.fence(task.dirname, task.token) as ours:
+        # Fencing: only while the lease carries our token and the folder is still this attempt's
+        # (a Ray retry of this task, after its node was presumed lost, carries the same token
+        # but a later attempt number) are the record and then SUCCESS written.
+        ours = ours and _still_running(store, task.dirname, running)
+        if ours:
+            store.write_record(task.dirname, record)
+            store.write_status(task.dirname, Status(
+                state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=attempt.number,
+                token=task.token, inputs={i.digest: i.output_digest for i in task.inputs},
+                code=task.code_fingerprint))
+    if not ours:
+        return _lost(task, attempt, started)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=attempt.number, started=started,
                       ended=time.time())
+
+
+def _close_dead_attempts(attempts: list[Attempt], status: Status | None) -> None:
+    """Mark the attempts of the record that died before finishing as INTERRUPTED.
+
+    An attempt still RUNNING died with its worker or executor. An attempt that reached SUCCESS in
+    the record while the status still names it as RUNNING died between the two writes: its
+    SUCCESS never counted.
+    """
+    for a in attempts:
+        if a.state == RUNNING:
+            a.state, a.error = "INTERRUPTED", a.error or "the worker or executor died during this attempt"
+        elif a.state == SUCCESS and status is not None and status.state == RUNNING and status.attempt == a.number:
+            a.state, a.error = "INTERRUPTED", "died after its record was written, before SUCCESS"
+
+
+def _still_running(store: Store, dirname: str, running: Status) -> bool:
+    status = store.read_status(dirname)
+    return status is not None and (status.state, status.attempt, status.token) == (
+        running.state, running.attempt, running.token)
+
+
+def _lost(task: TaskSpec, attempt: Attempt, started: float) -> TaskResult:
+    return TaskResult(task.name, False, error="lease lost to another executor; SUCCESS not written",
+                      attempt=attempt.number, started=started, ended=time.time(), lease_lost=True)
 
 
 def resolve(value: Any, url_of: Any, own: str) -> Any:
