@@ -84,8 +84,9 @@ class RayBackend:
 
     def submit(self, task: TaskSpec, attempt: int) -> Any:
         res = task.resources
-        # A multi-worker step's own task only coordinates; Ray Train places its workers.
-        opts = _task_options(Resources(cpus=1) if res.workers > 1 else res)
+        # A multi-worker step's own task only coordinates, on no CPU of its own (so that N
+        # workers of the cluster's size still fit); Ray Train places the workers.
+        opts = _task_options(Resources(cpus=0) if res.workers > 1 else res)
         return self._remote.options(**opts, max_retries=task.max_node_failures, retry_exceptions=False,
                                     name=f"step:{task.name}").remote(task)
 

@@ -230,6 +230,8 @@ class Store:
             rel = posixpath.relpath(path, folder)
             if rel in CONTROL_FILES or info.get("type") == "directory":
                 continue
+            if info.get("islink") and self.is_local and os.path.isdir(path):
+                continue  # a link to a folder (W&B's `latest-run`): its files are listed on their own
             entries.append(ManifestEntry(path=rel, size=int(info.get("size") or 0),
                                          checksum=self._checksum(path, info)))
         return entries

@@ -97,6 +97,8 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper)
     try:
         task.step_type.fn(task.config, ctx)
+        manifest = store.manifest(task.dirname)  # a failure here is the step's failure too
+        digest_out = output_digest(manifest)
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
         # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
@@ -119,8 +121,6 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         return TaskResult(task.name, False, error=attempt.error, traceback=tb, attempt=attempt.number,
                           started=started, ended=attempt.ended)
 
-    manifest = store.manifest(task.dirname)
-    digest_out = output_digest(manifest)
     attempt.state, attempt.ended = SUCCESS, time.time()
     record.state, record.manifest, record.output_digest, record.results = SUCCESS, manifest, digest_out, ctx.results
     with leases.fence(task.dirname, task.token) as ours:

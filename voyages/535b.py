@@ -27,6 +27,9 @@ from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.moe.config import PRESETS, MoEConfig, param_counts
+from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrainConfig, TrainerConfig
+from steps.train.eval import EvalConfig, evaluate
+from steps.train.pretrain import midtrain, pretrain
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Scale:
     """Everything that differs between the full voyage and its laptop rehearsal."""
 
     sources: tuple[Source, ...]
-    model: MoEConfig
+    preset: str
     seq_len: int
     batch_size: int  # sequences per optimizer step
     pretrain_tokens: float
@@ -73,21 +76,34 @@ class Scale:
     data_resources: Resources
     eval_resources: Resources
     tokenizer_vocab: int
+    optimizer: OptimizerConfig
+    checkpoint_every: int
+
+    @property
+    def model(self) -> MoEConfig:
+        return PRESETS[self.preset]
 
 
 FULL = Scale(
-    sources=FULL_SOURCES, model=PRESETS["535b-a23b"], seq_len=4096, batch_size=11_264,
+    sources=FULL_SOURCES, preset="535b-a23b", seq_len=4096, batch_size=11_264,
     pretrain_tokens=15e12, midtrain_tokens=3.75e12, train_workers=792,
     train_resources=Resources(cpus=16, gpus=1, accelerator="GB200", memory_gb=400, workers=792),
     data_resources=Resources(cpus=8, memory_gb=32), eval_resources=Resources(cpus=16, gpus=4, accelerator="GB200"),
     tokenizer_vocab=128_256,
+    optimizer=OptimizerConfig(lr=2.2e-4, warmup_steps=2000, min_lr_ratio=0.1, weight_decay=0.1),
+    checkpoint_every=500,
 )
 
+# The laptop recipe of docs/training.md ("Laptop settings"): 400 steps of 32 sequences of 64 + 1
+# tokens, 80% pretrain then 20% midtrain, one worker on one CPU (at this size one thread is faster
+# than two, and two Ray Train workers take longer to start than the whole run).
 LAPTOP = Scale(
-    sources=LAPTOP_SOURCES, model=PRESETS["tiny"], seq_len=64, batch_size=32,
-    pretrain_tokens=0.0, midtrain_tokens=0.0,  # set from the training recipe below
-    train_workers=2, train_resources=Resources(cpus=1, workers=2),
+    sources=LAPTOP_SOURCES, preset="tiny", seq_len=65, batch_size=32,
+    pretrain_tokens=320 * 32 * 65, midtrain_tokens=80 * 32 * 65,
+    train_workers=1, train_resources=Resources(cpus=1),
     data_resources=Resources(cpus=1), eval_resources=Resources(cpus=1), tokenizer_vocab=512,
+    optimizer=OptimizerConfig(lr=1e-2, warmup_steps=30, min_lr_ratio=0.1),
+    checkpoint_every=100,
 )
 
 
@@ -116,7 +132,7 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
                               resources=scale.data_resources)
     if config.laptop:
         tok = Step("tokenizer/bpe-512", train_tokenizer,
-                   TrainTokenizerConfig(documents=output_of(docs[scale.sources[0].name]),
+                   TrainTokenizerConfig(documents=tuple(output_of(d) for d in docs.values()),
                                         vocab_size=scale.tokenizer_vocab))
     else:
         tok = Step("tokenizer/llama3", pin_tokenizer,
@@ -136,21 +152,38 @@ def _eos(config: VoyageConfig) -> str:
 def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens: float) -> Step:
     """15T of pretraining at one set of weights, then 3.75T of midtraining at another."""
     scale = scale_of(config)
-    pre = scale.pretrain_tokens / (scale.pretrain_tokens + scale.midtrain_tokens) if total_tokens else 0.8
+    pre = scale.pretrain_tokens / total_tokens
     stages = (MixtureStage(pre, {s.name: s.pretrain for s in scale.sources if s.pretrain}),
               MixtureStage(round(1 - pre, 12), {s.name: s.midtrain for s in scale.sources if s.midtrain}))
     return Step("mixture/535b" if not config.laptop else "mixture/laptop", mixture, MixtureConfig(
         datasets={n: output_of(t) for n, t in tokenized.items()}, token_budget=int(total_tokens),
-        seq_len=scale.seq_len, stages=stages, seed=config.seed))
+        seq_len=scale.seq_len, stages=stages, seed=config.seed, block_size=256 if config.laptop else 2048))
+
+
+def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
+    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval."""
+    scale = scale_of(config)
+    train = TrainConfig(
+        data=DataConfig(mixture=output_of(mix), batch_size=scale.batch_size),
+        model=ModelSpec(scale.preset, vocab_size=scale.tokenizer_vocab),
+        optimizer=scale.optimizer,
+        trainer=TrainerConfig(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
+                              permanent_every=0 if config.laptop else 10_000))
+    name = "laptop" if config.laptop else "535b-a23b"
+    pre = Step(f"pretrain/{name}", pretrain, train, resources=scale.train_resources,
+               retry=RetryPolicy(max_node_failures=10))
+    mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
+               resources=scale.train_resources, retry=RetryPolicy(max_node_failures=10))
+    ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid)), resources=scale.eval_resources)
+    return [pre, mid, ev]
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
     """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval."""
     scale = scale_of(config)
-    tok, tokenized = data_steps(config)
-    total = scale.pretrain_tokens + scale.midtrain_tokens
-    mix = mixture_step(config, tokenized, total)
-    return [mix, tok]
+    _tok, tokenized = data_steps(config)
+    mix = mixture_step(config, tokenized, scale.pretrain_tokens + scale.midtrain_tokens)
+    return training_steps(config, mix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,8 +196,9 @@ def summary(config: VoyageConfig) -> str:
     m = scale.model
     total, active = param_counts(m)
     tokens = scale.pretrain_tokens + scale.midtrain_tokens
-    if not tokens:
-        return f"laptop rehearsal: {m.n_layers} layers, {total:,} parameters ({active:,} active)"
+    if config.laptop:
+        return (f"laptop rehearsal of the 535B voyage: the `{scale.preset}` preset, {total:,} parameters "
+                f"({active:,} active), {tokens:,.0f} tokens in {tokens / (scale.batch_size * scale.seq_len):,.0f} steps")
     steps = tokens / (scale.batch_size * scale.seq_len)
     # Attention scores and values: 2 matmuls x 2 FLOPs x 3 (fwd + bwd) per (query, key, head dim),
     # over the keys a query sees: half the sequence on a causal global layer, the window elsewhere.

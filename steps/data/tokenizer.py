@@ -22,7 +22,7 @@ DEFAULT_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 class TrainTokenizerConfig:
     """Train on the documents of `documents` (an ingest/dedup output folder or a glob)."""
 
-    documents: str
+    documents: str | tuple[str, ...]  # one documents folder or glob, or several
     vocab_size: int
     special_tokens: tuple[str, ...] = DEFAULT_SPECIALS
     min_frequency: int = 2
@@ -49,7 +49,8 @@ def train_tokenizer(config: TrainTokenizerConfig, ctx: StepContext) -> None:
     counted = {"documents": 0, "chars": 0}
 
     def texts() -> Iterator[str]:
-        for url in document_shards(config.documents):
+        specs = (config.documents,) if isinstance(config.documents, str) else config.documents
+        for url in (u for spec in specs for u in document_shards(spec)):
             for batch in iter_text_batches(url, 1024):
                 for text in batch:
                     text = text[:config.max_chars_per_document]

@@ -99,3 +99,15 @@ def test_check_writable(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(OSError):  # unwritable even for root
         Store(str(blocker / "prefix")).check_writable()
+
+
+def test_manifest_skips_links_to_folders(tmp_path):
+    # W&B leaves `latest-run` pointing at its run folder inside a training step's output.
+    import os
+
+    store = Store(str(tmp_path))
+    d = "a-0000000000"
+    os.makedirs(tmp_path / d / "run")
+    (tmp_path / d / "run" / "f.txt").write_text("x")
+    os.symlink(tmp_path / d / "run", tmp_path / d / "latest-run")
+    assert [m.path for m in store.manifest(d)] == ["run/f.txt"]

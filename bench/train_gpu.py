@@ -1,0 +1,183 @@
+"""MFU of training the `small` preset (917.8M total, 389.3M active parameters) on one GPU
+(written for an H200), and our MoE layer beside torchtitan's at the same shape.
+
+    .venv/bin/python bench/train_gpu.py                       # the whole thing
+    .venv/bin/python bench/train_gpu.py --batch 4 --steps 10  # less memory / time
+    pip install torchtitan  # first, for the side-by-side (skipped with a reason if absent)
+
+1. Training: the trainer's own pieces (steps/train: the model, bf16 through FSDP2's
+   mixed-precision policy on a one-rank group, fused AdamW, z-loss, the expert-bias update after
+   each step) on random tokens of the preset's vocabulary (no data pipeline: this measures the
+   model and optimizer), `--batch` sequences of `--seq` tokens per step. MFU = model FLOPs per
+   token (steps/train/tracking.py: 6 x active matmul parameters + attention) x tokens/s over
+   the GPU's dense bf16 peak (989.4 TFLOP/s for H100/H200).
+2. One MoE layer, forward + backward, bf16 parameters: ours (steps/moe/model.py MoE) and
+   torchtitan's (torchtitan.models.moe.MoE) at dim 1024, 64 experts of width 256, top 8, one
+   shared expert of width 256, sigmoid scores, 32,768 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from steps.moe.balance import update_expert_bias  # noqa: E402
+from steps.moe.model import PRESETS, MoE, count_params  # noqa: E402
+from steps.train.config import OptimizerConfig  # noqa: E402
+from steps.train.loop import build_model, build_optimizer  # noqa: E402
+from steps.train.parallel import build_parallel, unwrap  # noqa: E402
+from steps.train.tracking import flops_per_token, peak_flops  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device: torch.device) -> dict:
+    cfg = dataclasses.replace(PRESETS[preset], max_seq_len=seq)
+    model = build_model(cfg, seed=0, device=device)
+    model = build_parallel("fsdp", device, "bf16").wrap(model)
+    optimizer = build_optimizer(unwrap(model), OptimizerConfig(lr=3e-4), device)
+    layers = unwrap(model).moe_layers()
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def step() -> float:
+        seq_ids = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device, generator=gen)
+        logits, router_loss = model(seq_ids[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), seq_ids[:, 1:].flatten()) + router_loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        update_expert_bias(layers, cfg.bias_update_rate)
+        return loss.detach()
+
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    _sync(device)
+    seconds = (time.perf_counter() - t) / steps
+    tokens_per_s = batch * seq / seconds
+    flops = flops_per_token(cfg, seq)
+    total, active = count_params(cfg)
+    peak = peak_flops(str(device), torch.get_num_threads())
+    cuda = device.type == "cuda"
+    return {"preset": preset, "params_total": total, "params_active": active, "batch": batch, "seq": seq,
+            "step_s": seconds, "tokens_per_s": tokens_per_s, "model_tflops_per_token": flops / 1e12,
+            "achieved_tflops": tokens_per_s * flops / 1e12, "peak_tflops": peak / 1e12,
+            "mfu": tokens_per_s * flops / peak, "loss": float(loss),
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+            "gpu": torch.cuda.get_device_name() if cuda else "cpu"}
+
+
+def time_layer(layer: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
+    """Median seconds of forward + backward of one MoE layer."""
+    def once():
+        out = layer(x)
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().square().mean().backward()
+
+    for _ in range(3):
+        once()
+    times = []
+    for _ in range(repeats):
+        _sync(x.device)
+        t = time.perf_counter()
+        once()
+        _sync(x.device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def moe_layers(tokens: int, repeats: int, device: torch.device) -> dict:
+    dim, experts, width, top_k = 1024, 64, 256, 8
+    x = torch.randn(1, tokens, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    # routed experts: 3 matmuls of 2*dim*width per slot; shared: 3 of 2*dim*width; router 2*dim*E; x3 fwd+bwd
+    flops = 3 * tokens * (3 * 2 * dim * width * (top_k + 1) + 2 * dim * experts)
+    out = {"tokens": tokens, "dim": dim, "experts": experts, "expert_dim": width, "top_k": top_k}
+    cfg = dataclasses.replace(PRESETS["small"], n_experts=experts, top_k=top_k, expert_dim=width,
+                              n_shared_experts=1, shared_expert_dim=width)
+    ours = MoE(cfg).to(device)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0, 0.02)
+    ours = ours.to(torch.bfloat16)
+    ours.expert_bias_E = ours.expert_bias_E.float()  # fp32 buffers, as the trainer keeps them
+    ours.expert_load_E = ours.expert_load_E.float()
+    s = time_layer(ours, x, repeats)
+    out["ours_ms"], out["ours_tflops"] = 1e3 * s, flops / s / 1e12
+    try:
+        from torchtitan.models.moe import MoE as TitanMoE, MoEArgs
+    except Exception as e:  # noqa: BLE001
+        out["torchtitan"] = f"not available: {type(e).__name__}: {e}"
+        return out
+    args = MoEArgs(num_experts=experts, num_shared_experts=1, score_func="sigmoid", route_norm=True, top_k=top_k,
+                   use_grouped_mm=True, load_balance_coeff=1e-3)
+    titan = TitanMoE(args, dim=dim, hidden_dim=width).to(device)
+    with torch.no_grad():
+        for p in titan.parameters():
+            p.normal_(0, 0.02)
+    titan = titan.to(torch.bfloat16)
+    for name in ("expert_bias", "tokens_per_expert"):  # fp32 buffers, as torchtitan keeps them
+        if getattr(titan, name, None) is not None:
+            setattr(titan, name, getattr(titan, name).float())
+    s = time_layer(titan, x, repeats)
+    out["torchtitan_ms"], out["torchtitan_tflops"] = 1e3 * s, flops / s / 1e12
+    out["ours_over_torchtitan_speed"] = out["torchtitan_ms"] / out["ours_ms"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--layer-tokens", type=int, default=32768)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu only to check the script itself (with --preset tiny)")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/train_gpu.py needs a CUDA GPU (bench/train_cpu.py is the CPU form)")
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    results = {}
+    if not args.skip_train:
+        results["train"] = train_mfu(args.preset, args.batch, args.seq, args.steps, args.warmup, device)
+        r = results["train"]
+        print(f"train {r['preset']} ({r['params_total'] / 1e9:.2f}B total, {r['params_active'] / 1e9:.2f}B active) on "
+              f"{r['gpu']}: {r['tokens_per_s']:,.0f} tokens/s, {r['achieved_tflops']:.0f} TFLOP/s, MFU "
+              f"{100 * r['mfu']:.1f}%, {r['peak_memory_gib']:.1f} GiB peak")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    results["moe_layer"] = layer = moe_layers(args.layer_tokens, args.repeats, device)
+    print(f"MoE layer fwd+bwd, {layer['tokens']} tokens: ours {layer['ours_ms']:.2f} ms "
+          f"({layer['ours_tflops']:.0f} TFLOP/s)", end="")
+    if "torchtitan_ms" in layer:
+        print(f", torchtitan {layer['torchtitan_ms']:.2f} ms ({layer['torchtitan_tflops']:.0f} TFLOP/s), "
+              f"ours {layer['ours_over_torchtitan_speed']:.2f}x")
+    else:
+        print(f"; torchtitan {layer['torchtitan']}")
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Checkpoints: torch.distributed.checkpoint (DCP) folders on any fsspec URL.
+
+Layout, under a training step's output:
+
+    checkpoints/step-N/        N optimizer steps done
+        .metadata, __R_0.distcp   DCP: "model" and "optim" (FQN-keyed, so any world size or
+                                  wrapping loads them), "train" (one pickled dict: step, tokens,
+                                  scheduler state, data position, every rank's RNG state)
+        meta.json               written last, by rank 0: step, tokens, model config, mixture,
+                                batch size, world size, the last metrics row
+
+A folder counts as a checkpoint only once its meta.json exists, so one cut off mid-save is never
+resumed from (it is deleted when found). Retention: the newest `keep_last`, every step that is a
+multiple of `permanent_every`, and the final step are kept; the rest are deleted after each save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import posixpath
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import fsspec
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from executor import VoyageError
+
+CHECKPOINTS = "checkpoints"
+META = "meta.json"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Found:
+    step: int
+    url: str
+
+
+def root_of(output: str) -> str:
+    return f"{output.rstrip('/')}/{CHECKPOINTS}"
+
+
+def folder(output: str, step: int) -> str:
+    return f"{root_of(output)}/step-{step}"
+
+
+def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
+    """The checkpoint folders under a training output, oldest first (only complete ones unless
+    `complete=False`)."""
+    fs, root = fsspec.core.url_to_fs(root_of(output))
+    try:
+        entries = fs.ls(root, detail=False, refresh=True)
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        m = _STEP_RE.match(posixpath.basename(entry.rstrip("/")))
+        if m and (not complete or fs.exists(posixpath.join(entry, META))):
+            found.append(Found(int(m.group(1)), folder(output, int(m.group(1)))))
+    return sorted(found, key=lambda f: f.step)
+
+
+def resolve(url: str, field: str) -> Found:
+    """A checkpoint named by a training step's output (its newest checkpoint) or by a
+    `checkpoints/step-N` folder itself."""
+    base = posixpath.basename(url.rstrip("/"))
+    m = _STEP_RE.match(base)
+    if m:
+        fs, path = fsspec.core.url_to_fs(url)
+        if not fs.exists(posixpath.join(path, META)):
+            raise VoyageError(f"{field}: {url} is not a complete checkpoint (no {META})")
+        return Found(int(m.group(1)), url.rstrip("/"))
+    found = list_checkpoints(url)
+    if not found:
+        raise VoyageError(f"{field}: no checkpoint under {url}")
+    return found[-1]
+
+
+def read_meta(url: str) -> dict[str, Any]:
+    with fsspec.open(f"{url.rstrip('/')}/{META}", "r") as f:
+        return json.load(f)
+
+
+def remove_incomplete(output: str) -> None:
+    """Delete checkpoint folders a killed save left without meta.json (rank 0 only)."""
+    done = {f.step for f in list_checkpoints(output)}
+    for f in list_checkpoints(output, complete=False):
+        if f.step not in done:
+            _rm(f.url)
+
+
+def prune(output: str, keep_last: int, permanent_every: int, final_step: int) -> list[int]:
+    """Delete the checkpoints retention does not keep; returns the steps deleted."""
+    found = list_checkpoints(output)
+    keep = {f.step for f in found[-keep_last:]} | {final_step}
+    if permanent_every:
+        keep |= {f.step for f in found if f.step % permanent_every == 0}
+    gone = [f for f in found if f.step not in keep]
+    for f in gone:
+        _rm(f.url)
+    return [f.step for f in gone]
+
+
+def _rm(url: str) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_ok() -> Iterator[None]:
+    """DCP warns on every save and load without a process group, which is how one worker runs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"cpu": torch.get_rng_state().numpy().tobytes()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state().numpy().tobytes()
+    return state
+
+
+def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
+         meta: dict[str, Any]) -> None:
+    """Save a checkpoint from every rank (a collective); rank 0 writes meta.json last."""
+    if _is_main():
+        _rm(url)  # what an earlier, killed save of this step may have left
+    _barrier()
+    rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
+    if dist.is_initialized():
+        dist.all_gather_object(rngs, _rng_state())
+    else:
+        rngs = [_rng_state()]
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    blob = pickle.dumps({**train, "rng": rngs})
+    with _single_process_ok():
+        dcp.save({"model": model_sd, "optim": optim_sd, "train": {"state": blob}},
+                 storage_writer=FsspecWriter(url, sync_files=False), no_dist=not dist.is_initialized())
+    _barrier()
+    if _is_main():
+        with fsspec.open(f"{url}/{META}", "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+    _barrier()
+
+
+def load(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """Load model (and optimizer) state from a checkpoint, on every rank; returns the train
+    dict (with `rng`, every saved rank's RNG state)."""
+    if optimizer is None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        model_sd = get_model_state_dict(model)
+        with _single_process_ok():
+            dcp.load({"model": model_sd}, storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
+        set_model_state_dict(model, model_sd)
+        return {}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "train": {"state": b""}}
+    with _single_process_ok():
+        dcp.load(state, storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return pickle.loads(state["train"]["state"])
+
+
+def restore_rng(train: dict[str, Any], rank: int) -> bool:
+    """Put this rank's saved RNG state back; False when the checkpoint has none for this rank."""
+    rngs = train.get("rng") or []
+    if rank >= len(rngs) or rngs[rank] is None:
+        return False
+    torch.set_rng_state(torch.frombuffer(bytearray(rngs[rank]["cpu"]), dtype=torch.uint8))
+    if "cuda" in rngs[rank] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(rngs[rank]["cuda"]), dtype=torch.uint8))
+    return True
+
+
+def saved_shapes(url: str) -> dict[str, tuple[int, ...]]:
+    """Shape of every model tensor in a checkpoint, read from DCP's metadata alone."""
+    meta = FsspecReader(url).read_metadata()
+    return {k[len("model."):]: tuple(v.size) for k, v in meta.state_dict_metadata.items()
+            if k.startswith("model.") and hasattr(v, "size")}
+
+
+def check_shapes(url: str, model_config: Any, field: str) -> None:
+    """VoyageError naming `field` when the checkpoint holds a model of another shape."""
+    from steps.moe.model import MoETransformer
+
+    with torch.device("meta"):
+        model = MoETransformer(model_config)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = saved_shapes(url)
+    if want == have:
+        return
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    differ = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+    parts = []
+    if differ:
+        parts.append(", ".join(f"{k} {have[k]} vs {want[k]}" for k in differ[:3]) + (" ..." if len(differ) > 3 else ""))
+    if missing:
+        parts.append(f"missing {missing[:3]}")
+    if extra:
+        parts.append(f"unexpected {extra[:3]}")
+    raise VoyageError(f"{field}: checkpoint {url} holds a model of another shape (checkpoint vs model: "
+                      f"{'; '.join(parts)})")

@@ -1,0 +1,198 @@
+"""The training configs: `data`, `model`, `optimizer` and `trainer` (run mechanics only), and the
+learning-rate schedule. Torch-free: a voyage builds these without importing torch.
+
+    TrainConfig(data=DataConfig(mixture=output_of(mix), batch_size=32),
+                model=ModelSpec("tiny"),
+                optimizer=OptimizerConfig(lr=3e-3, warmup_steps=30),
+                trainer=TrainerConfig(checkpoint_every=100))
+
+Everything in `trainer` but the seed is run-only (left out of the step's digest): worker counts,
+micro-batches, checkpoint cadence, logging and W&B change how a run goes, not what it computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor import VoyageError, run_only
+
+PARALLEL = ("ddp", "fsdp")
+PRECISIONS = ("auto", "fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+TRACKERS = ("wandb", "none")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A preset of `steps.moe.model.PRESETS`, with `overrides` of MoEConfig fields.
+
+    `vocab_size` None takes the vocabulary of the mixture's tokenizer; a number must equal it.
+    """
+
+    preset: str = "tiny"
+    vocab_size: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "vocab_size" in self.overrides:
+            raise VoyageError("model.overrides: set model.vocab_size, not overrides['vocab_size']")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise VoyageError(f"model.vocab_size must be positive, got {self.vocab_size}")
+
+    def build_config(self, vocab_size: int):  # -> steps.moe.model.MoEConfig (imports torch)
+        """The MoEConfig this spec names, with the given vocabulary."""
+        from steps.moe.model import PRESETS, MoEConfig
+
+        if self.preset not in PRESETS:
+            raise VoyageError(f"model.preset: unknown preset {self.preset!r}; known: {sorted(PRESETS)}")
+        known = {f.name for f in dataclasses.fields(MoEConfig)}
+        unknown = sorted(set(self.overrides) - known)
+        if unknown:
+            raise VoyageError(f"model.overrides: {unknown} are not MoEConfig fields")
+        try:
+            return dataclasses.replace(PRESETS[self.preset], vocab_size=vocab_size, **self.overrides)
+        except (TypeError, ValueError) as e:
+            raise VoyageError(f"model.overrides: {e}") from e
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train on: a mixture step's output, read `batch_size` sequences per optimizer step.
+
+    A sequence of the mixture (`seq_len` tokens) gives `seq_len - 1` inputs and their shifted
+    targets. Pretrain reads every stage but the last (all of them if there is only one),
+    midtrain the last; a step whose batch straddles the switch belongs to midtrain.
+    """
+
+    mixture: str
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise VoyageError(f"data.batch_size must be positive, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW, with linear warmup, a constant phase, and a linear decay to `min_lr_ratio * lr`.
+
+    The schedule spans the whole mixture (pretrain and midtrain together). `decay_fraction` is the
+    share of all steps, at the end, spent decaying; None decays over the last mixture stage (the
+    midtrain stage) when there are several, and right after warmup when there is one.
+    """
+
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    decay_fraction: float | None = None
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise VoyageError(f"optimizer.lr must be positive, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise VoyageError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.decay_fraction is not None and not 0 <= self.decay_fraction <= 1:
+            raise VoyageError(f"optimizer.decay_fraction must lie in [0, 1], got {self.decay_fraction}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise VoyageError(f"optimizer.min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0:
+            raise VoyageError(f"optimizer.grad_clip must be >= 0, got {self.grad_clip}")
+
+    def schedule(self, total_steps: int, switch_step: int) -> "Schedule":
+        """The schedule of a run of `total_steps`, whose last stage starts at `switch_step`."""
+        warmup = min(self.warmup_steps, total_steps)
+        if self.decay_fraction is not None:
+            decay_start = total_steps - round(self.decay_fraction * total_steps)
+        elif 0 < switch_step < total_steps:
+            decay_start = switch_step
+        else:
+            decay_start = warmup
+        return Schedule(warmup, max(decay_start, warmup), total_steps, self.min_lr_ratio)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The multiplier of the peak learning rate for optimizer step s (0-based):
+    (s + 1) / warmup during warmup, 1 until `decay_start`, then linear down to `floor` at the
+    last step."""
+
+    warmup: int
+    decay_start: int
+    total: int
+    floor: float
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if step < self.decay_start or self.total <= self.decay_start:
+            return 1.0
+        done = min(step - self.decay_start + 1, self.total - self.decay_start)
+        return 1.0 - (1.0 - self.floor) * done / (self.total - self.decay_start)
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """W&B (`kind="wandb"`), offline unless WANDB_API_KEY is set or `mode` says otherwise;
+    `kind="none"` tracks nothing (metrics.jsonl is written either way)."""
+
+    kind: str = "wandb"
+    project: str = "marin-voyage"
+    entity: str | None = None
+    mode: str | None = None  # "online", "offline", "disabled"; None: online iff WANDB_API_KEY is set
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRACKERS:
+            raise VoyageError(f"trainer.tracker.kind must be one of {TRACKERS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Run mechanics. Only `seed` enters the step's identity."""
+
+    seed: int = 0
+    workers: int = run_only(default=0)  # 0: the step's Resources.workers
+    microbatch: int = run_only(default=0)  # sequences per worker per forward; 0: the worker's whole share
+    parallel: str = run_only(default="ddp")  # "ddp" or "fsdp" (FSDP2)
+    device: str = run_only(default="auto")  # "auto": cuda when available
+    precision: str = run_only(default="auto")  # "auto": bf16 on the GPU (FSDP2 policy), fp32 on the CPU
+    checkpoint_every: int = run_only(default=100)
+    keep_last: int = run_only(default=2)
+    permanent_every: int = run_only(default=0)  # also keep every checkpoint at a multiple of this
+    log_every: int = run_only(default=10)
+    tracker: TrackerConfig = run_only(default_factory=TrackerConfig)
+    peak_flops: float = run_only(default=0.0)  # per worker, for MFU; 0: looked up from the device
+    fail_after_steps: int = run_only(default=0)  # tests: raise after this many steps of this attempt
+
+    def __post_init__(self) -> None:
+        if self.parallel not in PARALLEL:
+            raise VoyageError(f"trainer.parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        if self.precision not in PRECISIONS:
+            raise VoyageError(f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.device not in DEVICES:
+            raise VoyageError(f"trainer.device must be one of {DEVICES}, got {self.device!r}")
+        for name in ("workers", "microbatch", "permanent_every", "fail_after_steps"):
+            if getattr(self, name) < 0:
+                raise VoyageError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise VoyageError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training step: pretrain from scratch, or midtrain from `init_from` (the output of a
+    pretrain step: `output_of(pretrain_step)`)."""
+
+    data: DataConfig
+    model: ModelSpec = field(default_factory=ModelSpec)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    init_from: str | None = None

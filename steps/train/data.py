@@ -1,0 +1,100 @@
+"""What the trainer reads: the steps of each phase, the tokenizer check, and the batches.
+
+Optimizer step s reads the mixture's global sequences s*B .. s*B + B-1 (B = data.batch_size),
+whatever the number of workers: worker r of W takes the r-th contiguous slice of B/W, cut into
+micro-batches. So the global order depends only on the mixture, and resuming at step s is
+reading from s*B on. Torch-free (numpy only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from executor import VoyageError
+from steps.data.formats import MANIFEST, join, read_json
+from steps.data.mixture import MIXTURE_FILE, MixtureSampler
+
+
+@dataclass(frozen=True)
+class Phases:
+    """The optimizer steps of a mixture at a batch size: pretrain [0, switch), midtrain
+    [switch, total). With one stage, switch == total (pretrain is the whole run)."""
+
+    total: int
+    switch: int
+    seq_len: int
+
+    def range_of(self, phase: str) -> tuple[int, int]:
+        return (0, self.switch) if phase == "pretrain" else (self.switch, self.total)
+
+
+def read_mixture(url: str) -> dict[str, Any]:
+    """The mixture manifest of a mixture step's output folder (or of the file itself)."""
+    path = url if url.endswith(".json") else join(url, MIXTURE_FILE)
+    try:
+        return read_json(path)
+    except FileNotFoundError as e:
+        raise VoyageError(f"data.mixture: no mixture manifest at {path}") from e
+
+
+def phases(manifest: dict[str, Any], batch_size: int) -> Phases:
+    """Pretrain and midtrain step ranges of a mixture at `batch_size` sequences per step."""
+    total = int(manifest["sequences"]) // batch_size
+    if total < 1:
+        raise VoyageError(f"data.batch_size: {batch_size} is more than the mixture's {manifest['sequences']} sequences")
+    stages = manifest["stages"]
+    switch = int(stages[-1]["start"]) // batch_size if len(stages) > 1 else total
+    return Phases(total=total, switch=min(switch, total), seq_len=int(manifest["seq_len"]))
+
+
+def mixture_vocab(manifest: dict[str, Any]) -> tuple[int, str]:
+    """(vocab size, tokenizer) shared by every dataset of the mixture, or a VoyageError."""
+    seen: dict[tuple[int, str], list[str]] = {}
+    for name, info in sorted(manifest["datasets"].items()):
+        tokens = read_json(join(info["url"], MANIFEST))
+        key = (int(tokens["vocab_size"]), str(tokens.get("tokenizer", "")))
+        seen.setdefault(key, []).append(name)
+    if len(seen) > 1:
+        parts = "; ".join(f"{names} use {tok!r} ({vocab} ids)" for (vocab, tok), names in seen.items())
+        raise VoyageError(f"data.mixture: its datasets were tokenized differently: {parts}")
+    return next(iter(seen))
+
+
+def check_vocab(model_vocab: int | None, manifest: dict[str, Any], field: str = "model.vocab_size") -> int:
+    """The model's vocabulary size: the mixture's, which a given `model_vocab` must equal."""
+    vocab, tokenizer = mixture_vocab(manifest)
+    if model_vocab is not None and model_vocab != vocab:
+        raise VoyageError(f"{field}: the model has {model_vocab} ids but the mixture's datasets use tokenizer "
+                          f"{tokenizer!r} with {vocab} ids")
+    return vocab
+
+
+def check_batch(batch_size: int, workers: int, microbatch: int) -> int:
+    """Micro-batches per optimizer step on each worker, or a VoyageError naming the field."""
+    if batch_size % workers:
+        raise VoyageError(f"data.batch_size: {batch_size} sequences do not divide across {workers} workers "
+                          f"(trainer.workers / Resources.workers)")
+    share = batch_size // workers
+    micro = microbatch or share
+    if share % micro:
+        raise VoyageError(f"trainer.microbatch: {micro} does not divide the {share} sequences of each of "
+                          f"{workers} workers (data.batch_size {batch_size})")
+    return share // micro
+
+
+class Batches:
+    """The token windows of one worker: `step(s)` -> micro-batches, each int64 [m, seq_len]."""
+
+    def __init__(self, manifest: dict[str, Any], batch_size: int, rank: int, workers: int, microbatch: int) -> None:
+        self.sampler = MixtureSampler(manifest)
+        self.batch_size, self.rank, self.workers = batch_size, rank, workers
+        self.share = batch_size // workers
+        self.micro = microbatch or self.share
+
+    def step(self, s: int) -> list[np.ndarray]:
+        first = s * self.batch_size + self.rank * self.share
+        rows = np.stack([self.sampler.sequence(i) for i in range(first, first + self.share)]).astype(np.int64)
+        return [rows[i:i + self.micro] for i in range(0, self.share, self.micro)]

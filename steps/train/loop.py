@@ -1,0 +1,250 @@
+"""The training loop one worker runs, in-process or as a Ray Train worker.
+
+Per optimizer step s (0-based; the checkpoint after it is `step-(s+1)`): read this worker's slice
+of global sequences s*B .. s*B+B-1, forward and backward each micro-batch (gradient sync only on
+the last), clip, AdamW step, scheduler step, then the expert-bias update (one all-reduce of the
+expert loads). Every `log_every` steps rank 0 writes a metrics row; every `checkpoint_every`
+steps (and at the end) all ranks save a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from executor import StepContext
+from steps.moe.balance import update_expert_bias
+from steps.train import checkpoint
+from steps.train.config import TrainConfig
+from steps.train.data import Batches, Phases
+from steps.train.parallel import build_parallel, pick_device, pick_precision, unwrap
+from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
+
+
+class Killed(RuntimeError):
+    """Raised by the `trainer.fail_after_steps` test knob."""
+
+
+@dataclass
+class Job:
+    """Everything a worker needs; built and checked by the step before training starts."""
+
+    ctx: StepContext
+    config: TrainConfig
+    phase: str  # "pretrain" or "midtrain"
+    model_config: Any  # steps.moe.model.MoEConfig
+    manifest: dict[str, Any]  # the mixture
+    phases: Phases
+    start: int  # first optimizer step of this phase
+    end: int  # one past the last
+    init_from: str | None  # a checkpoint to start from when the output has none of its own
+    workers: int
+    cpus_per_worker: float
+    created: float  # time.time() when the step built the job (for the startup overhead)
+
+
+def build_model(model_config: Any, seed: int, device: torch.device) -> torch.nn.Module:
+    """The MoE, initialized identically on every rank from the seed."""
+    from steps.moe.model import MoETransformer
+
+    model = MoETransformer(model_config)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model.to(device)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; matrices decay, norms do not."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    flat = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=device.type == "cuda")
+
+
+def _log_to_stderr(logger: logging.Logger) -> None:
+    if not logging.getLogger("marin").handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        logging.getLogger("marin").addHandler(handler)
+    logging.getLogger("marin").setLevel(logging.INFO)
+
+
+class Trainer:
+    """One worker's share of a phase: built from a Job, resumed, then `train()`."""
+
+    def __init__(self, job: Job) -> None:
+        self.job, self.cfg, self.tcfg, self.ctx = job, job.config, job.config.trainer, job.ctx
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.main = self.rank == 0
+        self.device = pick_device(self.tcfg.device)
+        self.threads = max(1, int(job.cpus_per_worker))
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(self.tcfg.seed)
+        had_group = dist.is_initialized()
+        precision = pick_precision(self.tcfg.precision, self.device)
+        self.parallel = build_parallel(self.tcfg.parallel, self.device, precision)
+        self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
+        self.model = self.parallel.wrap(build_model(job.model_config, self.tcfg.seed, self.device))
+        self.layers = unwrap(self.model).moe_layers()
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
+        self.context = job.phases.seq_len - 1
+        self.step = job.start
+        self.tokens = job.start * self.cfg.data.batch_size * self.context
+        self.batches = Batches(job.manifest, self.cfg.data.batch_size, self.rank, self.world, self.tcfg.microbatch)
+        self.flops = flops_per_token(job.model_config, self.context)
+        self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
+
+    def resume(self) -> None:
+        """From this step's own newest checkpoint, else from `init_from` (midtrain), else fresh."""
+        if self.main:
+            checkpoint.remove_incomplete(self.ctx.output)
+        if dist.is_initialized():
+            dist.barrier()
+        own = checkpoint.list_checkpoints(self.ctx.output)
+        source = own[-1].url if own else self.job.init_from
+        if source is None:  # nothing samples today; a per-rank stream for whatever does later
+            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)
+            return
+        state = checkpoint.load(source, self.model, self.optimizer)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.tokens = state["step"], state["tokens"]
+        checkpoint.restore_rng(state, self.rank)
+        if self.step < self.job.start:
+            raise RuntimeError(f"checkpoint {source} is at step {self.step}, before this phase's first step "
+                               f"{self.job.start}")
+        if self.main:
+            self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source, self.step)
+
+    def train_step(self, sums: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """One optimizer step; adds (ce, router loss, 1) per micro-batch to `sums`. Returns the
+        learning rate used and the gradient norm before clipping."""
+        micro = self.batches.step(self.step)
+        for i, rows in enumerate(micro):
+            seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
+            with self.parallel.sync(self.model, last=i == len(micro) - 1):
+                logits, router_loss = self.model(seq[:, :-1])
+                ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
+                ((ce + router_loss) / len(micro)).backward()
+            sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
+        lr = self.scheduler.get_last_lr()[0]
+        clip = self.cfg.optimizer.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr, grad_norm
+
+    def metrics_row(self, sums: torch.Tensor, load_LE: torch.Tensor, lr: float, grad_norm: torch.Tensor,
+                    rate: float) -> dict[str, Any]:
+        """The metrics.jsonl row (a collective when distributed: every rank calls it)."""
+        if dist.is_initialized():
+            dist.all_reduce(sums)
+            dist.all_reduce(load_LE)
+        share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
+        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
+                "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
+                "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
+                "bias_norm": torch.stack([m.expert_bias_E for m in self.layers]).norm().item(),
+                "tokens": self.tokens, "time": time.time()}
+
+    def save(self, row: dict[str, Any], started: float) -> None:
+        job, cfg = self.job, self.cfg
+        train = {"step": self.step, "tokens": self.tokens, "scheduler": self.scheduler.state_dict(),
+                 "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size}}
+        meta = {"step": self.step, "tokens": self.tokens, "phase": job.phase,
+                "model": dataclasses.asdict(job.model_config),
+                "mixture": cfg.data.mixture, "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
+                "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
+                "metrics": row, "startup_s": started - job.created, "time": time.time()}
+        checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta)
+        if self.main:
+            checkpoint.prune(self.ctx.output, self.tcfg.keep_last, self.tcfg.permanent_every, job.end)
+
+    def train(self) -> dict[str, Any]:
+        """Steps until the phase's end; returns the last metrics row plus timings."""
+        job, tcfg, ctx = self.job, self.tcfg, self.ctx
+        metrics = MetricsLog(ctx.path(METRICS_FILE), keep_through_step=self.step) if self.main else None
+        tracker = build_tracker(tcfg.tracker, self.main, ctx.name, ctx.digest, ctx.output,
+                                {"phase": job.phase, "model": dataclasses.asdict(job.model_config),
+                                 "config": _plain(self.cfg)})
+        started = time.time()
+        if self.main:
+            ctx.logger.info("%s: %s steps %d..%d on %d worker(s), %s; ready %.1fs after the step started",
+                            ctx.name, job.phase, self.step, job.end, self.world, self.device, started - job.created)
+        sums = torch.zeros(3, device=self.device)  # ce, router loss, micro-batches since the last row
+        row: dict[str, Any] = {}
+        tick, tick_tokens, done_here = time.perf_counter(), self.tokens, 0
+        self.model.train()
+        try:
+            with ctx.progress(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress:
+                while self.step < job.end:
+                    lr, grad_norm = self.train_step(sums)
+                    log_now = (self.step + 1) % tcfg.log_every == 0 or self.step + 1 == job.end
+                    load_LE = torch.stack([m.expert_load_E for m in self.layers]).clone() if log_now else None
+                    update_expert_bias(self.layers, job.model_config.bias_update_rate)
+                    self.step, done_here = self.step + 1, done_here + 1
+                    self.tokens += self.cfg.data.batch_size * self.context
+                    progress.update(1)
+                    if log_now:
+                        now = time.perf_counter()
+                        rate = (self.tokens - tick_tokens) / max(now - tick, 1e-9)
+                        row = self.metrics_row(sums, load_LE, lr, grad_norm, rate)
+                        sums.zero_()
+                        tick, tick_tokens = now, self.tokens
+                        if self.main:
+                            metrics.append(row)
+                            tracker.log(row, self.step)
+                            ctx.logger.info("%s  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  mfu %.2f%%",
+                                            progress.line(), row["loss"], lr, row["grad_norm"], rate, 100 * row["mfu"])
+                    permanent = tcfg.permanent_every and self.step % tcfg.permanent_every == 0
+                    if self.step % tcfg.checkpoint_every == 0 or self.step == job.end or permanent:
+                        self.save(row, started)
+                        if self.main:
+                            metrics.flush(force=True)
+                    if tcfg.fail_after_steps and done_here == tcfg.fail_after_steps and self.step < job.end:
+                        raise Killed(f"trainer.fail_after_steps: stopped on purpose after {done_here} steps "
+                                     f"(at step {self.step})")
+        finally:
+            if self.main:
+                metrics.flush(force=True)
+            tracker.finish()
+        return {**row, "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here}
+
+    def close(self) -> None:
+        if self.own_group:
+            dist.destroy_process_group()
+
+
+def run(job: Job) -> dict[str, Any]:
+    """Train one phase on this worker; returns rank 0's last metrics row and timings."""
+    _log_to_stderr(job.ctx.logger)
+    trainer = Trainer(job)
+    try:
+        trainer.resume()
+        return trainer.train()
+    finally:
+        trainer.close()
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value

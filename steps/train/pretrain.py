@@ -1,0 +1,96 @@
+"""`pretrain` and `midtrain`: the step types that train the MoE on a mixture (docs/training.md).
+
+    pre = Step("pretrain", pretrain, TrainConfig(data=DataConfig(mixture=output_of(mix))),
+               resources=Resources(cpus=1, workers=2))
+    mid = Step("midtrain", midtrain, dataclasses.replace(pre.config, init_from=output_of(pre)))
+
+Both are resumable: an attempt that died leaves its checkpoints in the output, and the next one
+resumes from the newest. Everything that can be wrong with the input (tokenizer vs model
+vocabulary, a checkpoint of another shape, a batch that does not divide across workers) is
+checked here, before any worker starts, and raised as one VoyageError naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+
+from executor import StepContext, VoyageError, step_type
+from steps.train.config import TrainConfig
+from steps.train.data import check_batch, check_vocab, phases, read_mixture
+
+
+@step_type(version="1", resumable=True)
+def pretrain(config: TrainConfig, ctx: StepContext) -> None:
+    """Train the MoE from scratch on every mixture stage but the last (all, if only one)."""
+    if config.init_from is not None:
+        raise VoyageError("init_from: pretrain starts from scratch; use the midtrain step type to continue "
+                          "from a checkpoint")
+    _train(config, ctx, "pretrain")
+
+
+@step_type(version="1", resumable=True)
+def midtrain(config: TrainConfig, ctx: StepContext) -> None:
+    """Continue a pretrain step's run (`init_from`) on the mixture's last stage, through the
+    decay phase of the schedule."""
+    if config.init_from is None:
+        raise VoyageError("init_from: midtrain needs the pretrain step to continue from (output_of(pretrain_step))")
+    _train(config, ctx, "midtrain")
+
+
+def prepare(config: TrainConfig, ctx: StepContext, phase: str):  # -> steps.train.loop.Job
+    """Read and check everything before training: the mixture, the vocabulary, the batch split,
+    the checkpoint to start from. Imports torch."""
+    from steps.train import checkpoint
+    from steps.train.loop import Job
+
+    created = time.time()
+    manifest = read_mixture(config.data.mixture)
+    steps = phases(manifest, config.data.batch_size)
+    start, end = steps.range_of(phase)
+    if phase == "midtrain" and len(manifest["stages"]) < 2:
+        raise VoyageError("data.mixture: midtrain reads the mixture's last stage, but the mixture has one stage")
+    if end <= start:
+        raise VoyageError(f"data.mixture: the {phase} phase has no steps at batch size {config.data.batch_size} "
+                          f"(steps {start}..{end})")
+    vocab = check_vocab(config.model.vocab_size, manifest)
+    model_config = config.model.build_config(vocab)
+    workers = config.trainer.workers or ctx.resources.workers
+    check_batch(config.data.batch_size, workers, config.trainer.microbatch)
+
+    init_from = None
+    if phase == "midtrain":
+        found = checkpoint.resolve(config.init_from, "init_from")
+        meta = checkpoint.read_meta(found.url)
+        if meta.get("batch_size") != config.data.batch_size:
+            raise VoyageError(f"data.batch_size: {config.data.batch_size}, but the checkpoint at init_from was "
+                              f"trained with {meta.get('batch_size')}")
+        if found.step != start:
+            raise VoyageError(f"init_from: the checkpoint is at step {found.step}, but this mixture's midtrain "
+                              f"stage starts at step {start} (batch size {config.data.batch_size})")
+        checkpoint.check_shapes(found.url, model_config, "init_from")
+        init_from = found.url
+    own = checkpoint.list_checkpoints(ctx.output)
+    if own:
+        checkpoint.check_shapes(own[-1].url, model_config, "model")
+    return Job(ctx=ctx, config=config, phase=phase, model_config=model_config, manifest=manifest, phases=steps,
+               start=start, end=end, init_from=init_from, workers=workers, cpus_per_worker=ctx.resources.cpus,
+               created=created)
+
+
+def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
+    from steps.moe.model import count_params
+    from steps.train import checkpoint
+    from steps.train.launch import launch
+
+    job = prepare(config, ctx, phase)
+    total, active = count_params(job.model_config)
+    ctx.results.update(phase=phase, workers=job.workers, start_step=job.start, end_step=job.end,
+                       total_steps=job.phases.total, params=total, active_params=active)
+    started = time.time()
+    launch(job)
+    final = checkpoint.list_checkpoints(ctx.output)[-1]
+    meta = checkpoint.read_meta(final.url)
+    row = meta.get("metrics") or {}
+    ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
+                       **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
+                       startup_s=meta.get("startup_s"), wall_s=time.time() - started)

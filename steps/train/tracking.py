@@ -1,0 +1,159 @@
+"""Where training metrics go: `metrics.jsonl` in the step's output (always), W&B (or nothing), and
+the estimate of model FLOPs behind MFU.
+
+metrics.jsonl: one JSON object per logged step, with at least the keys of `METRIC_KEYS`. On
+resume it is cut back to the rows of steps the checkpoint covers, so a resumed run's file reads
+like an uninterrupted one's. It is rewritten whole (small; atomic by rename) at most every
+`flush_every` seconds, at checkpoints and at the end.
+
+W&B: the run id is derived from the step's digest, so every attempt of one step (a resume
+included) continues the same W&B run (`resume="allow"`). Offline unless WANDB_API_KEY is set or
+the config says otherwise; its files go under the step's output when that is a local folder,
+else under a temporary folder that is copied into the output at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Protocol
+
+import fsspec
+
+from steps.data.formats import write_bytes
+from steps.train.config import TrackerConfig
+
+METRICS_FILE = "metrics.jsonl"
+METRIC_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "expert_load_max", "expert_load_min",
+               "bias_norm", "tokens")
+
+
+class MetricsLog:
+    """The rows of metrics.jsonl, kept in memory and rewritten whole."""
+
+    def __init__(self, url: str, keep_through_step: int, flush_every: float = 5.0) -> None:
+        self.url, self.flush_every = url, flush_every
+        self.rows: list[str] = []
+        try:
+            with fsspec.open(url, "r") as f:
+                for line in f:
+                    try:
+                        if json.loads(line).get("step", 0) <= keep_through_step:
+                            self.rows.append(line.rstrip("\n"))
+                    except ValueError:
+                        continue
+        except FileNotFoundError:
+            pass
+        self._last = 0.0
+        self.flush(force=True)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(json.dumps(row, sort_keys=False))
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.flush_every:
+            write_bytes(self.url, "".join(r + "\n" for r in self.rows).encode())
+            self._last = now
+
+
+class Tracker(Protocol):
+    def log(self, row: dict[str, Any], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NullTracker:
+    """Tracks nothing (W&B off, and every rank but 0)."""
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def run_id(digest: str) -> str:
+    """The W&B run id of a step: the same for every attempt of it."""
+    return f"marin-{digest[:24]}"
+
+
+class WandbTracker:
+    """One W&B run per step, resumed by id."""
+
+    def __init__(self, cfg: TrackerConfig, name: str, digest: str, output: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        mode = cfg.mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        if os.environ.get("WANDB_MODE") and cfg.mode is None:
+            mode = os.environ["WANDB_MODE"]
+        fs, path = fsspec.core.url_to_fs(output)
+        self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+        self.dir = path if self._local else tempfile.mkdtemp(prefix="marin-wandb-")
+        self.output = output
+        os.makedirs(self.dir, exist_ok=True)
+        self.run = wandb.init(
+            project=cfg.project, entity=cfg.entity, name=name, id=run_id(digest), resume="allow", mode=mode,
+            dir=self.dir, config=config, tags=list(cfg.tags),
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True))
+        self.mode = mode
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+        if not self._local:  # keep the offline files with the output, then drop the temp folder
+            fs, path = fsspec.core.url_to_fs(self.output)
+            fs.put(os.path.join(self.dir, "wandb"), f"{path}/wandb", recursive=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def build_tracker(cfg: TrackerConfig, is_main: bool, name: str, digest: str, output: str,
+                  config: dict[str, Any]) -> Tracker:
+    if not is_main or cfg.kind == "none" or cfg.mode == "disabled":
+        return NullTracker()
+    return WandbTracker(cfg, name, digest, output, config)
+
+
+# -- FLOPs and MFU -------------------------------------------------------------------------------
+
+# Dense bf16 peak FLOP/s per GPU, by a substring of torch.cuda.get_device_name().
+GPU_PEAK_BF16 = (("GB200", 2.5e15), ("B200", 2.25e15), ("H200", 989.4e12), ("H100", 989.4e12),
+                 ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12))
+CPU_FLOPS_PER_CORE = 32 * 3.0e9  # nominal: two AVX2 FMA units of 8 fp32 lanes at 3 GHz
+
+
+def peak_flops(device: str, threads: int) -> float:
+    """Nominal peak FLOP/s of one worker: the GPU's dense bf16 figure, or the CPU threads' fp32."""
+    if device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, flops in GPU_PEAK_BF16:
+            if key in name:
+                return flops
+        return 989.4e12
+    return CPU_FLOPS_PER_CORE * max(threads, 1)
+
+
+def flops_per_token(model_config: Any, context: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 x the active matmul parameters (input
+    embedding excluded, output head included) plus attention scores and values,
+    12 x heads x head_dim x the mean number of keys a query sees, per layer."""
+    from steps.moe.model import count_params
+
+    cfg = model_config
+    _, active = count_params(cfg)
+    matmul = active - cfg.vocab_size * cfg.dim
+    attn = 0.0
+    for layer in range(cfg.n_layers):
+        window = context if cfg.is_global(layer) else min(cfg.sliding_window, context)
+        # mean over positions i of min(i + 1, window)
+        keys = (sum(min(i + 1, window) for i in range(context)) / context) if context else 0.0
+        attn += 12 * cfg.n_heads * cfg.head_dim * keys
+    return 6.0 * matmul + attn

@@ -1,0 +1,156 @@
+"""pretrain -> midtrain -> eval in-process (one worker, no Ray): schedule, checkpoints and their
+retention, metrics.jsonl, bitwise resume after a kill, W&B offline resume, and bad input."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainkit import make_mixture, run_step  # noqa: E402
+
+from executor import VoyageError  # noqa: E402
+from steps.data.formats import read_json, write_json  # noqa: E402
+from steps.train import checkpoint  # noqa: E402
+from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig,  # noqa: E402
+                                TrainerConfig)
+from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.train.loop import Killed  # noqa: E402
+from steps.train.pretrain import midtrain, pretrain  # noqa: E402
+from steps.train.tracking import METRIC_KEYS  # noqa: E402
+
+
+def _config(mix, **trainer):
+    base = dict(log_every=5, checkpoint_every=10, keep_last=1, permanent_every=20, tracker=TrackerConfig(kind="none"))
+    return TrainConfig(data=DataConfig(mixture=mix, batch_size=16), model=ModelSpec("tiny"),
+                       optimizer=OptimizerConfig(lr=1e-2, warmup_steps=5, min_lr_ratio=0.1),
+                       trainer=TrainerConfig(**{**base, **trainer}))
+
+
+def _weights(output):
+    from steps.moe.model import PRESETS, MoETransformer
+
+    found = checkpoint.list_checkpoints(output)[-1]
+    model = MoETransformer(dataclasses.replace(PRESETS["tiny"], vocab_size=512))
+    checkpoint.load(found.url, model, None)
+    return found.step, model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def mix(tokens, tmp_path_factory):
+    # 1,000 sequences of 33 tokens at batch 16: 62 steps, pretrain 0..46, midtrain 46..62
+    return make_mixture(tokens, tmp_path_factory.mktemp("mix") / "mix", sequences=1000)
+
+
+def test_schedule_warms_up_holds_and_decays_to_the_floor():
+    opt = OptimizerConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1)
+    s = opt.schedule(total_steps=20, switch_step=15)
+    assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s(14) == 1.0 and s(15) < 1.0 and s(19) == pytest.approx(0.1)
+    assert OptimizerConfig(warmup_steps=2, decay_fraction=0.5).schedule(10, 10).decay_start == 5
+    assert OptimizerConfig(warmup_steps=2).schedule(10, 10).decay_start == 2  # one stage: decay after warmup
+
+
+def test_pretrain_midtrain_eval(mix, tmp_path):
+    cfg = _config(mix)
+    pre = run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    assert pre.results["end_step"] == 46 and pre.results["final_step"] == 46
+    # retention: the newest (46) and the permanent multiple of 20 (20, 40) stay; 10 and 30 went
+    assert [f.step for f in checkpoint.list_checkpoints(pre.output)] == [20, 40, 46]
+    rows = [json.loads(line) for line in open(tmp_path / "pre/metrics.jsonl")]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 46]
+    assert all(set(METRIC_KEYS) <= set(r) for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    assert rows[-1]["tokens"] == 46 * 16 * 32
+    assert 0 <= rows[-1]["expert_load_min"] <= 1 / 8 <= rows[-1]["expert_load_max"] <= 1
+    meta = checkpoint.read_meta(pre.results["checkpoint"])
+    assert meta["step"] == 46 and meta["model"]["vocab_size"] == 512 and meta["phase"] == "pretrain"
+
+    mid = run_step(midtrain, dataclasses.replace(cfg, init_from=pre.output), tmp_path / "mid", name="mid")
+    assert (mid.results["start_step"], mid.results["final_step"]) == (46, 62)
+    mrows = [json.loads(line) for line in open(tmp_path / "mid/metrics.jsonl")]
+    assert mrows[0]["step"] == 50 and mrows[-1]["step"] == 62
+    assert mrows[-1]["lr"] == pytest.approx(1e-2 * 0.1)  # the decay ends on the floor
+    assert mrows[0]["lr"] < 1e-2  # midtrain is the decay phase
+
+    ev = run_step(evaluate, EvalConfig(checkpoint=mid.output, max_sequences=64), tmp_path / "eval", name="eval")
+    res = json.load(open(tmp_path / "eval/results.json"))
+    assert res["step"] == 62 and set(res["datasets"]) == {"kjv", "pydocs"}
+    for name, r in res["datasets"].items():
+        assert r["sequences"] == 64 and r["bytes"] > r["tokens"]
+        assert r["loss"] < r["unigram_loss"], (name, r)
+        assert r["bpb"] == pytest.approx(r["loss"] / 0.6931471805599453 * r["tokens"] / r["bytes"])
+    assert ev.results["loss"] == res["loss"]
+
+
+def test_killed_run_resumes_bitwise(mix, tmp_path):
+    cfg = _config(mix, checkpoint_every=7, keep_last=2, permanent_every=0)
+    whole = run_step(pretrain, cfg, tmp_path / "whole", name="pre")
+    killed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=17))
+    with pytest.raises(Killed):
+        run_step(pretrain, killed, tmp_path / "resumed", name="pre")
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path / "resumed"))] == [7, 14]
+    # a save cut off mid-way (no meta.json) is never resumed from
+    (tmp_path / "resumed/checkpoints/step-21").mkdir()
+    run_step(pretrain, cfg, tmp_path / "resumed", name="pre")
+    (s1, w1), (s2, w2) = _weights(whole.output), _weights(str(tmp_path / "resumed"))
+    assert s1 == s2 == 46 and w1.keys() == w2.keys()
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    rows = [json.loads(line)["step"] for line in open(tmp_path / "resumed/metrics.jsonl")]
+    assert rows == sorted(set(rows)) and rows[-1] == 46  # cut back to step 14, then continued
+
+
+def test_wandb_offline_run_continues_under_the_step_digest(mix, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = _config(mix, tracker=TrackerConfig(kind="wandb"), fail_after_steps=10)
+    with pytest.raises(Killed):
+        run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    run_step(pretrain, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0)),
+             tmp_path / "pre", name="pre")
+    runs = sorted(p.name for p in (tmp_path / "pre/wandb").iterdir() if p.name.startswith("offline-run"))
+    assert len(runs) == 2 and all(r.endswith("-marin-" + ("pre" * 64)[:24]) for r in runs), runs
+    assert not os.path.exists("wandb")  # nothing in the working directory
+
+
+@pytest.mark.parametrize("field, build", [
+    ("model.vocab_size", lambda mix: dataclasses.replace(_config(mix), model=ModelSpec("tiny", vocab_size=1000))),
+    ("data.batch_size", lambda mix: dataclasses.replace(_config(mix, workers=2), data=DataConfig(mix, batch_size=15))),
+    ("trainer.microbatch", lambda mix: _config(mix, workers=2, microbatch=3)),
+])
+def test_bad_input_fails_before_training(mix, tmp_path, field, build):
+    with pytest.raises(VoyageError, match=field.replace(".", r"\.")):
+        run_step(pretrain, build(mix), tmp_path / "pre", name="pre")
+    assert not (tmp_path / "pre/checkpoints").exists()
+
+
+def test_datasets_of_different_tokenizers_are_refused(tokens, tmp_path):
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tokens["pydocs"], other)
+    manifest = read_json(str(other / "manifest.json"))
+    write_json(str(other / "manifest.json"), {**manifest, "vocab_size": 600, "tokenizer": "elsewhere"})
+    mix = make_mixture({**tokens, "pydocs": str(other)}, tmp_path / "mix", sequences=200)
+    with pytest.raises(VoyageError, match=r"data\.mixture: .*tokenized differently"):
+        run_step(pretrain, _config(mix), tmp_path / "pre", name="pre")
+
+
+def test_midtrain_refuses_a_checkpoint_of_another_shape(mix, tmp_path):
+    cfg = _config(mix)
+    pre = run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    wide = dataclasses.replace(cfg, init_from=pre.output, model=ModelSpec("tiny", overrides={"dim": 96}))
+    with pytest.raises(VoyageError, match=r"init_from: .*another shape.*wk\.weight"):
+        run_step(midtrain, wide, tmp_path / "mid", name="mid")
+    with pytest.raises(VoyageError, match="init_from"):
+        run_step(midtrain, cfg, tmp_path / "mid2", name="mid")  # no init_from at all
+
+
+def test_step_modules_import_neither_torch_nor_ray():
+    code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.train.eval; "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

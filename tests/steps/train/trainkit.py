@@ -1,0 +1,41 @@
+"""Helpers of the training tests: run a step function in-process, tokenize the bundled corpus,
+mix it. The session fixture that uses them is in conftest.py."""
+
+import pathlib
+
+from executor import StepContext
+from steps.data.ingest import IngestConfig, ingest
+from steps.data.mixture import MixtureConfig, MixtureStage, mixture
+from steps.data.tokenize import TokenizeConfig, tokenize
+from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+
+CORPUS = pathlib.Path(__file__).resolve().parents[3] / "data/corpus"
+
+
+def run_step(fn, config, output, name="t"):
+    ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"))
+    fn(config, ctx)
+    return ctx
+
+
+def build_tokens(root):
+    """{'kjv': url, 'pydocs': url, 'tokenizer': url}: both corpora tokenized with a 512-id BPE."""
+    raw = {}
+    for name in ("kjv", "pydocs"):
+        raw[name] = run_step(ingest, IngestConfig(input=str(CORPUS / f"{name}.jsonl.zst")), root / f"raw-{name}").output
+    tok = run_step(train_tokenizer, TrainTokenizerConfig(documents=raw["kjv"], vocab_size=512, max_documents=200),
+                   root / "tokenizer").output
+    out = {"tokenizer": tok}
+    for name in ("kjv", "pydocs"):
+        out[name] = run_step(tokenize, TokenizeConfig(documents=raw[name], tokenizer=tok, bos=None, eos="<|eos|>"),
+                             root / f"tokens-{name}").output
+    return out
+
+
+def make_mixture(tokens, output, *, sequences, seq_len=33, stages=((0.75, {"kjv": 1.0}), (0.25, {"pydocs": 1.0})),
+                 block_size=64):
+    """A mixture of the session's tokenized corpora; returns its output URL."""
+    config = MixtureConfig(datasets={"kjv": tokens["kjv"], "pydocs": tokens["pydocs"]},
+                           token_budget=sequences * seq_len, seq_len=seq_len, block_size=block_size,
+                           stages=tuple(MixtureStage(f, w) for f, w in stages))
+    return run_step(mixture, config, output).output
