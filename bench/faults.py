@@ -221,14 +221,14 @@ class Bench:
             prefix = self.prefix("takeover")
             common = ["--prefix", prefix, "--lease-ttl", str(ttl), "--shards", "1", "--files", "6"]
             holder = self.run(faultkit.SLOW, [*common, "--delay", "2"], name="holder")
-            dirname = _wait(lambda: faultkit.holds_a_lease(prefix, holder.pid), 120)
-            _wait(lambda: os.path.exists(os.path.join(prefix, dirname, "part-000.bin")), 60)
+            dirname = faultkit.wait_for(lambda: faultkit.holds_a_lease(prefix, holder.pid), 120)
+            faultkit.wait_for(lambda: os.path.exists(os.path.join(prefix, dirname, "part-000.bin")), 60)
             waiter = self.run(faultkit.SLOW, [*common, "--delay", "0.05"], name="waiter")
-            _wait(lambda: ": WAITING, leased by" in waiter.stderr or not waiter.running(), 120)
+            faultkit.wait_for(lambda: ": WAITING, leased by" in waiter.stderr or not waiter.running(), 120)
             lease_path = os.path.join(prefix, dirname, ".lease")
             token = json.load(open(lease_path))["token"]
             holder.kill()
-            taken = _wait(lambda: _token(lease_path) > token and time.time(), 10 * ttl)
+            taken = faultkit.wait_for(lambda: _token(lease_path) > token and time.time(), 10 * ttl)
             took.append(taken - holder.killed_at if taken else float("inf"))
             waiter.wait(300)
             shapes.append(faultkit.audit(prefix).attempts.get("slow/shard/0"))
@@ -247,7 +247,7 @@ class Bench:
             gb200 = list(self.cluster.gb200)
             run = self.run(faultkit.SLOW, ["--prefix", prefix, "--accelerator", "GB200", "--shards", "1",
                                            "--files", "6", "--delay", "0.4"], name="gb200")
-            node = _wait(lambda: _running_on(prefix, "slow/shard/0"), 120)
+            node = faultkit.wait_for(lambda: faultkit.running_on(prefix, "slow/shard/0"), 120)
             if node:
                 self.cluster.remove(node)
             completed += run.wait(300) == 0
@@ -291,34 +291,11 @@ class Bench:
             "outputs identical to the fault-free run (digests and bytes)": f"{identical}/{runs}"})
 
 
-def _running_on(prefix: str, name: str) -> str | None:
-    import glob
-
-    from executor.store import Store
-
-    for folder in glob.glob(os.path.join(prefix, f"{name}-*")):
-        record = Store(prefix).read_record(os.path.relpath(folder, prefix))
-        if record and record.attempts and record.attempts[-1].state == "RUNNING" and \
-                os.path.exists(os.path.join(folder, "part-000.bin")):
-            return record.attempts[-1].node
-    return None
-
-
 def _token(path: str) -> int:
     try:
         return json.load(open(path))["token"]
     except (OSError, ValueError):
         return -1
-
-
-def _wait(check, timeout: float):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    return None
 
 
 class start_emulator:

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-import fsspec
 
 from executor.step import Resources
+from executor.store import url_to_fs
 
 Mapper = Callable[[Callable[[Any], Any], Sequence[Any], "Resources | None"], list]
 
@@ -41,8 +41,7 @@ class StepContext:
     mapper: Mapper = local_map
 
     def __post_init__(self) -> None:
-        local = "://" not in self.output or self.output.startswith("file://")
-        self.fs, self._root = fsspec.core.url_to_fs(self.output, **({"auto_mkdir": True} if local else {}))
+        self.fs, self._root = url_to_fs(self.output)
         self.logger = logging.getLogger(f"marin.step.{self.name}")
 
     def path(self, *parts: str) -> str:

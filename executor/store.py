@@ -112,14 +112,19 @@ class Status(BaseModel):
     code: str = ""  # code fingerprint of the step function that made it
 
 
+def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
+    """fsspec's filesystem and path for a URL; local folders create parents on write."""
+    if "://" not in url or url.startswith("file://"):
+        storage_options.setdefault("auto_mkdir", True)
+    return fsspec.core.url_to_fs(url, **storage_options)
+
+
 class Store:
     """The prefix under which every output lives, on one fsspec filesystem."""
 
     def __init__(self, prefix: str, **storage_options: Any) -> None:
         self.prefix = prefix.rstrip("/") or "/"
-        if "://" not in self.prefix or self.prefix.startswith("file://"):
-            storage_options.setdefault("auto_mkdir", True)
-        self.fs, root = fsspec.core.url_to_fs(self.prefix, **storage_options)
+        self.fs, root = url_to_fs(self.prefix, **storage_options)
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]

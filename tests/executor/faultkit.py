@@ -481,3 +481,28 @@ async def _respond(writer: asyncio.StreamWriter, status: int, headers: list[tupl
 
 _REASONS = {200: "OK", 204: "No Content", 206: "Partial Content", 308: "Resume Incomplete", 404: "Not Found",
             412: "Precondition Failed", 429: "Too Many Requests", 503: "Service Unavailable"}
+
+
+def running_on(prefix: str, name: str) -> str | None:
+    """The node of the RUNNING attempt of step `name` once it has written a file, else None."""
+    import glob
+
+    from executor.store import Store
+
+    for folder in glob.glob(os.path.join(prefix, f"{name}-*")):
+        record = Store(prefix).read_record(os.path.relpath(folder, prefix))
+        if record and record.attempts and record.attempts[-1].state == "RUNNING" and \
+                os.path.exists(os.path.join(folder, "part-000.bin")):
+            return record.attempts[-1].node
+    return None
+
+
+def wait_for(check: Callable[[], object], timeout: float) -> object:
+    """Poll `check` until it returns something truthy (returned) or `timeout` passes (None)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    return None

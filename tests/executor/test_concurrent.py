@@ -14,13 +14,10 @@ import faultkit  # noqa: E402
 
 
 def wait_until(check, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    value = faultkit.wait_for(check, timeout)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 def test_executors_started_together_run_every_step_exactly_once(tmp_path, ray_local):

@@ -6,7 +6,6 @@ The cluster lives in a process of its own (`cluster_host.py`), since this test p
 connected to the session's Ray; the executor is a real `marin-run --ray-address`.
 """
 
-import glob
 import os
 import sys
 import time
@@ -16,7 +15,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import faultkit  # noqa: E402
 
-from executor.store import Store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +27,6 @@ def cluster(tmp_path_factory):
     assert leftovers == [], leftovers
 
 
-def running_on(prefix, name):
-    """The node of the RUNNING attempt of step `name` once it has written a file, else None."""
-    for folder in glob.glob(os.path.join(prefix, f"{name}-*")):
-        record = Store(prefix).read_record(os.path.relpath(folder, prefix))
-        if record and record.attempts and record.attempts[-1].state == "RUNNING" and \
-                os.path.exists(os.path.join(folder, "part-000.bin")):
-            return record.attempts[-1].node
-    return None
-
-
 def test_gb200_step_runs_only_there_and_survives_losing_its_node(cluster, tmp_path):
     prefix = str(tmp_path / "p")
     gb200 = list(cluster.gb200)
@@ -46,7 +34,7 @@ def test_gb200_step_runs_only_there_and_survives_losing_its_node(cluster, tmp_pa
         "--prefix", prefix, "--ray-address", cluster.address, "--accelerator", "GB200",
         "--shards", "1", "--files", "6", "--delay", "0.4"], str(tmp_path), name="run")
     deadline = time.time() + 120
-    while not (node := running_on(prefix, "slow/shard/0")) and run.running() and time.time() < deadline:
+    while not (node := faultkit.running_on(prefix, "slow/shard/0")) and run.running() and time.time() < deadline:
         time.sleep(0.05)
     assert node in gb200, (node, gb200, run.tail())
     cluster.remove(node)
