@@ -216,7 +216,7 @@ def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
     logits_TE = untied_logits(T, E, K, sf, bias_E, gen)
     dw_TK = torch.randn(T, K, generator=gen, device=device)
     dlse_T, dsums_E = torch.zeros(T, device=device), torch.zeros(E, device=device)
-    bt0, w0 = router_kernel.tile_config(T, E)
+    bt0, w0 = router_kernel.tile_config(T, E, device)
     p0 = router_kernel.max_programs(device)
 
     def run_ms(bt: int, warps: int, programs: int) -> float:
@@ -227,17 +227,19 @@ def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
                                           block_t=bt, num_warps=warps)
         return time_ms(run)
 
-    tiles = sorted({(max(1, int(bt0 * m)), w) for m in (0.5, 1, 2, 4) for w in (4, 8)})
-    rows = sorted((run_ms(bt, w, p0), bt, w) for bt, w in tiles)
+    # One token a warp (the default, 1 x 1), several warps a program, several tokens a warp.
+    tiles = sorted({(bt0, w0), (2, 2), (4, 4), (2, 1), (4, 1)})
+    rows = sorted((run_ms(bt, w, router_kernel.max_programs(device, w)), bt, w) for bt, w in tiles)
     best_ms, bt, w = rows[0]
-    grids = sorted((run_ms(bt, w, p0 * m // 2), p0 * m // 2) for m in (1, 2, 4, 8))
+    pw = router_kernel.max_programs(device, w)
+    grids = sorted((run_ms(bt, w, pw * m // 4), pw * m // 4) for m in (1, 2, 4, 8))
     default_ms = next(ms for ms, b, ww in rows if (b, ww) == (bt0, w0))
     gbps = sum(min_bytes(T, E, K)) / min(best_ms, grids[0][0]) / 1e6
     print(f"\nsweep of the fused fwd+bwd at T={T}, E={E}: default BT={bt0} warps={w0} programs={p0}: "
           f"{default_ms:.3f} ms; best BT={bt} warps={w} programs={grids[0][1]}: "
           f"{min(best_ms, grids[0][0]):.3f} ms ({100 * gbps / copy:.1f}% of copy)")
     for ms, b, ww in rows:
-        print(f"  BT={b:<4} warps={ww:<2} programs={p0:<5} {ms:.3f} ms")
+        print(f"  BT={b:<4} warps={ww:<2} programs={router_kernel.max_programs(device, ww):<5} {ms:.3f} ms")
     for ms, p in grids:
         print(f"  BT={bt:<4} warps={w:<2} programs={p:<5} {ms:.3f} ms")
 

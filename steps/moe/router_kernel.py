@@ -1,17 +1,36 @@
 """Triton kernels for the fused MoE router: one forward kernel and one backward kernel.
 
-Shape legend: T tokens, E experts, K experts chosen per token, BT tokens in one program's tile,
-EP = E padded to a power of two (384 -> 512), KP = K padded to a power of two.
+Shape legend: T tokens, E experts (a compile-time constant: one model has one E), K experts
+chosen per token, BT tokens in one tile, CW columns in a chunk (128: 32 lanes x 4 consecutive
+fp32, or the whole padded row when narrower), NC chunks (E padded to a power of two, over CW:
+384 -> 512 -> 4; with E constant the all-padding chunk compiles away), KP = K padded to a power
+of two.
 
-Forward, per tile of BT tokens, in one pass over the fp32 logits: log-sum-exp, scores (softmax or
-sigmoid), selection key = score + bias, K rounds of argmax (ties go to the lowest expert index)
-that each take one expert out of the running, the unbiased scores of the chosen experts,
-renormalised and scaled into weights. Each program walks a strided set of tiles and keeps its
+Layout. A tile is [NC, BT, CW] and, by default, one token handled by one warp: each lane holds 4
+consecutive experts of every chunk (one 16-byte load per chunk), so every per-token reduction is
+a reduction over the chunk axis in registers, then a warp shuffle over the lanes: no shared
+memory, no barrier. (A [BT, E] tile, the obvious shape, lets Triton spread one row over several
+warps, and then each of the forward's 2K+2 row reductions goes through shared memory and a
+barrier: that first design compiled to 2,200 instructions a warp for 4 tokens, 66 of them
+barriers, and an issue-bound floor of ~140 us at T = 32k, E = 384 against ~12 us to read the
+logits.)
+
+Forward, per token, in one pass over the fp32 logits: log-sum-exp, scores (softmax or sigmoid),
+selection key = score + bias, then K rounds of: the largest key, the lowest expert holding it
+(ties go to the lowest index), that expert out of the running. A round costs about six
+instructions a held element plus two 5-step shuffles. The chosen expert's unbiased score is recomputed from its one logit
+(a load that hits the cache) rather than gathered from the row by another reduction, then
+renormalised and scaled into the weight. Each program walks a strided set of tiles keeping its
 per-expert token counts and score sums in registers, then adds them to the zeroed outputs with
-one atomic add per expert, so contention is one add per program, not one per tile.
+one atomic add per expert.
 
-Backward recomputes the scores from the saved logits and log-sum-exp and writes the full [T, E]
-gradient; nothing else of the forward is kept (see docs/moe.md, "Memory").
+Backward recomputes the softmax from the saved logits and log-sum-exp, forms the dense part of
+the gradient (from the score sums and the lse) for every column, and then rewrites the K chosen
+columns of each row, whose gradient also has the weights' term, from values recomputed at those
+columns alone. Nothing else of the forward is kept (see docs/moe.md, "Memory").
+
+The machine code for sm_90, compiled here without a GPU: bench/router_sass.py; figures in
+docs/moe.md.
 
 These launchers take fp32 contiguous tensors and allocate nothing but outputs; autograd and the
 op registration live in router.py.
@@ -23,132 +42,197 @@ import triton.language as tl
 from steps.moe.router import RENORM_EPS, SCORE_FUNCS
 
 
-def tile_config(n_tokens: int, n_experts: int) -> tuple[int, int]:
-    """(tokens per tile, warps). Eight warps and 4 to 8 logits per thread: compiled for sm_90 this
-    takes 72-80 registers in either kernel and spills none, where 16 or more logits per thread
-    took 120-250 registers or spilled. bench/router.py --sweep times the alternatives on a GPU."""
-    ep = triton.next_power_of_2(n_experts)
-    bt = (2048 if ep >= 512 else 1024) // ep
-    return max(1, min(128, bt, triton.next_power_of_2(max(n_tokens, 1)))), 8
+def tile_config(n_tokens: int, n_experts: int, device: torch.device | None = None) -> tuple[int, int]:
+    """(tokens per tile, warps) of both kernels. On a GPU: one token, one warp. A token's row then
+    never spans warps whatever layout Triton picks for the tile (Triton 3.6 puts the warps of a
+    [NC, BT, CW] tile on the chunk axis, 3.9 on the token axis), so no reduction needs shared
+    memory or a barrier; bench/router_sass.py shows the machine code, bench/router.py --sweep
+    times other shapes. Under the interpreter (CPU), 16 tokens a tile: it runs programs one
+    after another, and one a token would spend the tests' time on program overhead."""
+    if device is not None and device.type == "cpu":
+        return min(16, triton.next_power_of_2(max(n_tokens, 1))), 1
+    return 1, 1
 
 
-def max_programs(device: torch.device) -> int:
-    """Programs of the forward grid. Each adds its counts and sums once per expert, so fewer
-    programs mean fewer atomics; two per SM all stay resident at 80 registers a thread."""
+def chunk_width(n_experts: int) -> int:
+    """Columns of one chunk: 32 lanes x 4 consecutive fp32 (one 16-byte load each), or the whole
+    padded row when it is narrower."""
+    return min(128, triton.next_power_of_2(n_experts))
+
+
+def max_programs(device: torch.device, num_warps: int = 1) -> int:
+    """Programs of the forward grid: 16 warps a SM, as many as stay resident at the forward's
+    ~128 registers a thread, and no more, since each program adds its counts and sums once per
+    expert at its end."""
     if device.type == "cuda":
-        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        return torch.cuda.get_device_properties(device).multi_processor_count * max(1, 16 // num_warps)
     return 4  # the interpreter runs programs one after another; a few keep the strided loop tested
+
+
+@triton.jit
+def _token_max(x):
+    """[NC, BT, CW] -> [BT]: chunk axis first (in registers), then the lanes."""
+    return tl.max(tl.max(x, axis=0), axis=1)
+
+
+@triton.jit
+def _token_sum(x):
+    return tl.sum(tl.sum(x, axis=0), axis=1)
+
+
+@triton.jit
+def _token_min(x):
+    return tl.min(tl.min(x, axis=0), axis=1)
+
+
+@triton.jit
+def _per_token(v):
+    """[BT] -> [1, BT, 1], the inverse of the reductions above, so no layout conversion is needed."""
+    return tl.expand_dims(tl.expand_dims(v, 1), 0)
+
+
+@triton.jit
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) with the fast reciprocal (div.full, within 2 ulp) rather than IEEE
+    division, whose slow path costs branches on every element. Both kernels use this one."""
+    return tl.fdiv(1.0, 1.0 + tl.exp(-x), ieee_rounding=False)
 
 
 @triton.jit
 def _router_fwd_kernel(
     logits_ptr, bias_ptr, weights_ptr, indices_ptr, lse_ptr, counts_ptr, sums_ptr,
-    T, E, n_tiles, scale, eps,
-    K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr, BT: tl.constexpr,
+    T, n_tiles, scale, eps,
+    E: tl.constexpr, K: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, BT: tl.constexpr,
     SCORE: tl.constexpr, RENORM: tl.constexpr,
 ):
-    e_E = tl.arange(0, EP)
-    real_E = e_E < E
-    k_K = tl.arange(0, KP)
-    bias_E = tl.load(bias_ptr + e_E, mask=real_E, other=0.0)
-    counts_E = tl.zeros([EP], dtype=tl.int32)
-    sums_E = tl.zeros([EP], dtype=tl.float32)
+    # Expert e = c * CW + j sits at [c, ., j]: lanes hold 4 consecutive columns of each chunk.
+    c_C = tl.arange(0, NC)
+    j_J = tl.arange(0, CW)
+    e_C1J = tl.expand_dims(tl.expand_dims(c_C, 1), 2) * CW + tl.expand_dims(tl.expand_dims(j_J, 0), 0)
+    real_C1J = e_C1J < E
+    bias_C1J = tl.load(bias_ptr + e_C1J, mask=real_C1J, other=0.0)
+    slot_1J = tl.expand_dims(j_J, 0)  # the K chosen experts go to slots j < K of a [BT, CW] row
+    counts_CBJ = tl.zeros([NC, BT, CW], dtype=tl.int32)
+    sums_CBJ = tl.zeros([NC, BT, CW], dtype=tl.float32)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        t_T = tile * BT + tl.arange(0, BT)
-        real_T = t_T < T
-        row_T = t_T.to(tl.int64) * E
-        l_TE = tl.load(logits_ptr + row_T[:, None] + e_E[None, :],
-                       mask=real_T[:, None] & real_E[None, :], other=0.0)
-        l_TE = tl.where(real_E[None, :], l_TE, -float("inf"))
-        m_T = tl.max(l_TE, axis=1)
-        p_TE = tl.exp(l_TE - m_T[:, None])
-        z_T = tl.sum(p_TE, axis=1)
-        lse_T = m_T + tl.log(z_T)
+        t_B = tile * BT + tl.arange(0, BT)
+        real_B = t_B < T
+        row_B = t_B.to(tl.int64) * E
+        l_CBJ = tl.load(logits_ptr + _per_token(row_B) + e_C1J,
+                        mask=_per_token(real_B) & real_C1J, other=0.0)
+        l_CBJ = tl.where(real_C1J, l_CBJ, -float("inf"))  # padding experts: p = 0, never chosen
+        m_B = _token_max(l_CBJ)
+        p_CBJ = tl.exp(l_CBJ - _per_token(m_B))
+        z_B = _token_sum(p_CBJ)
+        tl.store(lse_ptr + t_B, m_B + tl.log(z_B), mask=real_B)
+        rz_B = 1.0 / z_B
         if SCORE == 0:
-            s_TE = p_TE / z_T[:, None]
+            s_CBJ = p_CBJ * _per_token(rz_B)
         else:
-            s_TE = tl.where(real_E[None, :], tl.sigmoid(l_TE), 0.0)
-        sel_TE = tl.where(real_E[None, :], s_TE + bias_E[None, :], -float("inf"))
+            s_CBJ = _sigmoid(l_CBJ)
+        key_CBJ = tl.where(real_C1J, s_CBJ + bias_C1J, -float("inf"))
 
-        idx_TK = tl.zeros([BT, KP], dtype=tl.int32)
-        s_TK = tl.zeros([BT, KP], dtype=tl.float32)
+        idx_BJ = tl.zeros([BT, CW], dtype=tl.int32)
         for k in tl.static_range(K):
-            i_T = tl.argmax(sel_TE, axis=1, tie_break_left=True).to(tl.int32)
-            hit_TE = e_E[None, :] == i_T[:, None]
-            sk_T = tl.sum(tl.where(hit_TE, s_TE, 0.0), axis=1)
-            idx_TK = tl.where(k_K[None, :] == k, i_T[:, None], idx_TK)
-            s_TK = tl.where(k_K[None, :] == k, sk_T[:, None], s_TK)
-            # A chosen expert drops out; scores are finite, so -inf marks exactly the chosen ones.
-            sel_TE = tl.where(hit_TE, -float("inf"), sel_TE)
-        if RENORM:
-            w_TK = s_TK / (tl.sum(s_TK, axis=1) + eps)[:, None] * scale
+            # The largest key, then the lowest expert holding it; that expert drops out.
+            top_B = _token_max(key_CBJ)
+            i_B = _token_min(tl.where(key_CBJ == _per_token(top_B), e_C1J, NC * CW))
+            key_CBJ = tl.where(e_C1J == _per_token(i_B), -float("inf"), key_CBJ)
+            idx_BJ = tl.where(slot_1J == k, tl.expand_dims(i_B, 1), idx_BJ)
+        # The chosen experts' unbiased scores, recomputed from their K logits (one load that hits
+        # the cache) rather than gathered from the row by K more reductions.
+        t_B1 = tl.expand_dims(t_B, 1)
+        mask_BJ = tl.expand_dims(real_B, 1) & (slot_1J < K)
+        lk_BJ = tl.load(logits_ptr + tl.expand_dims(row_B, 1) + idx_BJ, mask=mask_BJ & (idx_BJ < E),
+                        other=0.0)
+        if SCORE == 0:
+            sk_BJ = tl.exp(lk_BJ - tl.expand_dims(m_B, 1)) * tl.expand_dims(rz_B, 1)
         else:
-            w_TK = s_TK * scale
-
-        out_TK = t_T[:, None] * K + k_K[None, :]
-        mask_TK = real_T[:, None] & (k_K[None, :] < K)
-        tl.store(weights_ptr + out_TK, w_TK, mask=mask_TK)
-        tl.store(indices_ptr + out_TK, idx_TK, mask=mask_TK)
-        tl.store(lse_ptr + t_T, lse_T, mask=real_T)
-        chosen_TE = (sel_TE == -float("inf")) & real_E[None, :] & real_T[:, None]
-        counts_E += tl.sum(chosen_TE.to(tl.int32), axis=0)
-        sums_E += tl.sum(tl.where(real_T[:, None], s_TE, 0.0), axis=0)
-    tl.atomic_add(counts_ptr + e_E, counts_E, mask=real_E)
-    tl.atomic_add(sums_ptr + e_E, sums_E, mask=real_E)
+            sk_BJ = _sigmoid(lk_BJ)
+        sk_BJ = tl.where(mask_BJ, sk_BJ, 0.0)
+        if RENORM:
+            w_BJ = sk_BJ * tl.expand_dims(scale / (tl.sum(sk_BJ, axis=1) + eps), 1)
+        else:
+            w_BJ = sk_BJ * scale
+        out_BJ = t_B1 * K + slot_1J
+        tl.store(weights_ptr + out_BJ, w_BJ, mask=mask_BJ)
+        tl.store(indices_ptr + out_BJ, idx_BJ, mask=mask_BJ)
+        # Chosen experts are exactly the real ones now keyed -inf; padding is never counted, as
+        # only real experts are added to the outputs below.
+        real_1B1 = _per_token(real_B)
+        counts_CBJ += ((key_CBJ == -float("inf")) & real_1B1).to(tl.int32)
+        sums_CBJ += tl.where(real_1B1, s_CBJ, 0.0)
+    # Across the program's warps once, then one atomic add per expert for the whole program.
+    # ([NC, 1, CW] -> [NC, CW] by a reduction over the size-1 axis keeps the sums' layout.)
+    e_CJ = tl.max(e_C1J, axis=1)
+    tl.atomic_add(counts_ptr + e_CJ, tl.sum(counts_CBJ, axis=1), mask=e_CJ < E, sem="relaxed")
+    tl.atomic_add(sums_ptr + e_CJ, tl.sum(sums_CBJ, axis=1), mask=e_CJ < E, sem="relaxed")
 
 
 @triton.jit
 def _router_bwd_kernel(
     logits_ptr, lse_ptr, indices_ptr, dweights_ptr, dlse_ptr, dsums_ptr, dlogits_ptr,
-    T, E, scale, eps,
-    K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr, BT: tl.constexpr,
+    T, scale, eps,
+    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, BT: tl.constexpr,
     SCORE: tl.constexpr, RENORM: tl.constexpr,
 ):
-    e_E = tl.arange(0, EP)
-    real_E = e_E < E
-    k_K = tl.arange(0, KP)
-    t_T = tl.program_id(0) * BT + tl.arange(0, BT)
-    real_T = t_T < T
-    row_T = t_T.to(tl.int64) * E
-    mask_TE = real_T[:, None] & real_E[None, :]
-    l_TE = tl.load(logits_ptr + row_T[:, None] + e_E[None, :], mask=mask_TE, other=0.0)
-    l_TE = tl.where(real_E[None, :], l_TE, -float("inf"))
-    lse_T = tl.load(lse_ptr + t_T, mask=real_T, other=0.0)
-    p_TE = tl.exp(l_TE - lse_T[:, None])  # softmax of the logits, 0 on padding
-    if SCORE == 0:
-        s_TE = p_TE
-    else:
-        s_TE = tl.where(real_E[None, :], tl.sigmoid(l_TE), 0.0)
+    c_C = tl.arange(0, NC)
+    j_J = tl.arange(0, CW)
+    e_C1J = tl.expand_dims(tl.expand_dims(c_C, 1), 2) * CW + tl.expand_dims(tl.expand_dims(j_J, 0), 0)
+    real_C1J = e_C1J < E
+    t_B = tl.program_id(0) * BT + tl.arange(0, BT)
+    real_B = t_B < T
+    row_B = t_B.to(tl.int64) * E
+    mask_CBJ = _per_token(real_B) & real_C1J
+    l_CBJ = tl.load(logits_ptr + _per_token(row_B) + e_C1J, mask=mask_CBJ, other=0.0)
+    lse_B = tl.load(lse_ptr + t_B, mask=real_B, other=0.0)
+    dlse_B = tl.load(dlse_ptr + t_B, mask=real_B, other=0.0)
+    # Loaded once per token (from L1), so that it takes the logits' layout: a [NC, 1, CW] load
+    # gets a layout of its own, and the products with it then convert whole tiles.
+    dsums_CBJ = tl.load(dsums_ptr + e_C1J + _per_token(t_B * 0), mask=mask_CBJ, other=0.0)
+    p_CBJ = tl.exp(l_CBJ - _per_token(lse_B))  # the softmax of the row, recomputed
 
-    # The chosen experts' unbiased scores, gathered again from the recomputed row.
-    s_TK = tl.zeros([BT, KP], dtype=tl.float32)
-    for k in tl.static_range(K):
-        i_T = tl.load(indices_ptr + t_T * K + k, mask=real_T, other=-1)
-        sk_T = tl.sum(tl.where(e_E[None, :] == i_T[:, None], s_TE, 0.0), axis=1)
-        s_TK = tl.where(k_K[None, :] == k, sk_T[:, None], s_TK)
-    mask_TK = real_T[:, None] & (k_K[None, :] < K)
-    dw_TK = tl.load(dweights_ptr + t_T[:, None] * K + k_K[None, :], mask=mask_TK, other=0.0)
-    # w_k = scale * s_k / D with D = sum_j s_j + eps, so dL/ds_j = scale / D * (dw_j - sum_k dw_k s_k / D).
+    # The chosen experts, [BT, KP]: their scores, again from their logits alone, and the
+    # gradient reaching each chosen score through the weights.
+    # w_k = scale * s_k / D with D = sum_j s_j + eps, so dL/ds_k = scale / D * (dw_k - sum_j dw_j s_j / D).
+    k_1K = tl.expand_dims(tl.arange(0, KP), 0)
+    t_B1 = tl.expand_dims(t_B, 1)
+    mask_BK = tl.expand_dims(real_B, 1) & (k_1K < K)
+    i_BK = tl.load(indices_ptr + t_B1 * K + k_1K, mask=mask_BK, other=0)
+    dw_BK = tl.load(dweights_ptr + t_B1 * K + k_1K, mask=mask_BK, other=0.0)
+    row_B1 = tl.expand_dims(row_B, 1)
+    lk_BK = tl.load(logits_ptr + row_B1 + i_BK, mask=mask_BK, other=0.0)
+    pk_BK = tl.exp(lk_BK - tl.expand_dims(lse_B, 1))
+    if SCORE == 0:
+        sk_BK = pk_BK
+    else:
+        sk_BK = _sigmoid(lk_BK)
+    sk_BK = tl.where(mask_BK, sk_BK, 0.0)
     if RENORM:
-        den_T = tl.sum(s_TK, axis=1) + eps
-        inner_T = tl.sum(dw_TK * s_TK, axis=1) / den_T
-        g_TK = (dw_TK - inner_T[:, None]) * (scale / den_T)[:, None]
+        den_B = tl.sum(sk_BK, axis=1) + eps
+        inner_B = tl.sum(dw_BK * sk_BK, axis=1) / den_B
+        g_BK = (dw_BK - tl.expand_dims(inner_B, 1)) * tl.expand_dims(scale / den_B, 1)
     else:
-        g_TK = dw_TK * scale
+        g_BK = dw_BK * scale
+    g_BK = tl.where(mask_BK, g_BK, 0.0)
+    dsk_BK = tl.load(dsums_ptr + i_BK, mask=mask_BK, other=0.0)
 
-    ds_E = tl.load(dsums_ptr + e_E, mask=real_E, other=0.0)
-    ds_TE = tl.zeros([BT, EP], dtype=tl.float32) + ds_E[None, :]
-    for k in tl.static_range(K):
-        i_T = tl.load(indices_ptr + t_T * K + k, mask=real_T, other=-1)
-        gk_T = tl.sum(tl.where(k_K[None, :] == k, g_TK, 0.0), axis=1)
-        ds_TE += tl.where(e_E[None, :] == i_T[:, None], gk_T[:, None], 0.0)
+    # dL/ds_e = dsums_e, plus g_k on the K chosen columns. The dense part goes out first; the
+    # chosen columns are then rewritten whole, from values recomputed at those columns.
+    dlse_1B1 = _per_token(dlse_B)
     if SCORE == 0:
-        dl_TE = s_TE * (ds_TE - tl.sum(ds_TE * s_TE, axis=1)[:, None])
+        # softmax: dl_e = p_e * (dS_e - sum_j dS_j p_j) + dlse * p_e
+        c_B = _token_sum(dsums_CBJ * p_CBJ) + tl.sum(g_BK * sk_BK, axis=1)
+        dl_CBJ = p_CBJ * (dsums_CBJ - _per_token(c_B) + dlse_1B1)
+        dlk_BK = pk_BK * (dsk_BK + g_BK - tl.expand_dims(c_B, 1) + tl.expand_dims(dlse_B, 1))
     else:
-        dl_TE = ds_TE * s_TE * (1.0 - s_TE)
-    dlse_T = tl.load(dlse_ptr + t_T, mask=real_T, other=0.0)
-    dl_TE += dlse_T[:, None] * p_TE
-    tl.store(dlogits_ptr + row_T[:, None] + e_E[None, :], dl_TE, mask=mask_TE)
+        # sigmoid: dl_e = dS_e * s_e * (1 - s_e) + dlse * p_e
+        s_CBJ = _sigmoid(l_CBJ)
+        dl_CBJ = dsums_CBJ * s_CBJ * (1.0 - s_CBJ) + dlse_1B1 * p_CBJ
+        dlk_BK = (dsk_BK + g_BK) * sk_BK * (1.0 - sk_BK) + tl.expand_dims(dlse_B, 1) * pk_BK
+    tl.store(dlogits_ptr + _per_token(row_B) + e_C1J, dl_CBJ, mask=mask_CBJ)
+    tl.debug_barrier()  # the dense stores land before the chosen columns are rewritten
+    tl.store(dlogits_ptr + row_B1 + i_BK, dlk_BK, mask=mask_BK)
 
 
 def _check(logits_TE: torch.Tensor, k: int, score_func: str) -> tuple[int, int]:
@@ -158,9 +242,16 @@ def _check(logits_TE: torch.Tensor, k: int, score_func: str) -> tuple[int, int]:
     if score_func not in SCORE_FUNCS:
         raise ValueError(f"score_func must be one of {sorted(SCORE_FUNCS)}, got {score_func!r}")
     n_tokens, n_experts = logits_TE.shape
-    if not 1 <= k <= n_experts:
-        raise ValueError(f"k={k} must lie in [1, {n_experts}]")
+    if not 1 <= k <= min(n_experts, chunk_width(n_experts)):
+        raise ValueError(f"k={k} must lie in [1, {min(n_experts, chunk_width(n_experts))}]")
     return n_tokens, n_experts
+
+
+def _shape(logits_TE: torch.Tensor, block_t: int | None, num_warps: int | None):
+    n_tokens, n_experts = logits_TE.shape
+    bt, warps = tile_config(n_tokens, n_experts, logits_TE.device)
+    cw = chunk_width(n_experts)
+    return dict(NC=triton.next_power_of_2(n_experts) // cw, CW=cw, BT=block_t or bt), num_warps or warps
 
 
 def router_forward(
@@ -174,8 +265,7 @@ def router_forward(
     n_tokens, n_experts = _check(logits_TE, k, score_func)
     logits_TE = logits_TE.contiguous()
     bias_E = bias_E.to(torch.float32).contiguous()
-    bt, warps = tile_config(n_tokens, n_experts)
-    bt, warps = block_t or bt, num_warps or warps
+    shape, warps = _shape(logits_TE, block_t, num_warps)
     if out is None:
         weights_TK = logits_TE.new_empty(n_tokens, k)
         indices_TK = logits_TE.new_empty(n_tokens, k, dtype=torch.int32)
@@ -185,13 +275,12 @@ def router_forward(
     # Separate buffers, not two views of one: a custom op's outputs may not alias each other.
     counts_E = torch.zeros(n_experts, dtype=torch.int32, device=logits_TE.device)
     sums_E = torch.zeros(n_experts, dtype=torch.float32, device=logits_TE.device)
-    n_tiles = triton.cdiv(n_tokens, bt)
-    grid = (max(1, min(n_tiles, programs or max_programs(logits_TE.device))),)
+    n_tiles = triton.cdiv(n_tokens, shape["BT"])
+    grid = (max(1, min(n_tiles, programs or max_programs(logits_TE.device, warps))),)
     _router_fwd_kernel[grid](
         logits_TE, bias_E, weights_TK, indices_TK, lse_T, counts_E, sums_E,
-        n_tokens, n_experts, n_tiles, float(scale), RENORM_EPS,
-        K=k, KP=triton.next_power_of_2(k), EP=triton.next_power_of_2(n_experts), BT=bt,
-        SCORE=SCORE_FUNCS[score_func], RENORM=bool(renormalize), num_warps=warps,
+        n_tokens, n_tiles, float(scale), RENORM_EPS,
+        E=n_experts, K=k, **shape, SCORE=SCORE_FUNCS[score_func], RENORM=bool(renormalize), num_warps=warps,
     )
     return weights_TK, indices_TK, counts_E, lse_T, sums_E
 
@@ -206,16 +295,15 @@ def router_backward(
     given the gradients of the weights, the log-sum-exp and the per-expert score sums."""
     n_tokens, n_experts = _check(logits_TE, indices_TK.shape[1], score_func)
     k = indices_TK.shape[1]
-    bt, warps = tile_config(n_tokens, n_experts)
-    bt, warps = block_t or bt, num_warps or warps
+    shape, warps = _shape(logits_TE, block_t, num_warps)
     dlogits_TE = torch.empty_like(logits_TE) if out is None else out
-    grid = (triton.cdiv(n_tokens, bt),)
+    grid = (triton.cdiv(n_tokens, shape["BT"]),)
     _router_bwd_kernel[grid](
         logits_TE.contiguous(), lse_T.contiguous(), indices_TK.contiguous(),
         dweights_TK.to(torch.float32).contiguous(), dlse_T.to(torch.float32).contiguous(),
         dsums_E.to(torch.float32).contiguous(), dlogits_TE,
-        n_tokens, n_experts, float(scale), RENORM_EPS,
-        K=k, KP=triton.next_power_of_2(k), EP=triton.next_power_of_2(n_experts), BT=bt,
+        n_tokens, float(scale), RENORM_EPS,
+        E=n_experts, K=k, KP=triton.next_power_of_2(k), **shape,
         SCORE=SCORE_FUNCS[score_func], RENORM=bool(renormalize), num_warps=warps,
     )
     return dlogits_TE

@@ -86,6 +86,23 @@ def test_every_output_written(score_func, E, K):
     torch.testing.assert_close(dlogits, dwant, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("score_func,E,K", [("sigmoid", 384, 8), ("softmax", 64, 6)])
+def test_gpu_tiles_under_the_interpreter(score_func, E, K):
+    """The tiles a GPU gets (one token a tile, one warp) rather than the interpreter's 16."""
+    assert router_kernel.tile_config(4096, E, torch.device("cuda")) == (1, 1)
+    n_tokens = 9
+    logits_TE, bias_E, (dw, dlse, dsums) = _inputs(score_func, E, K, seed=11, n_tokens=n_tokens)
+    want, dwant = _run(route_reference, logits_TE, bias_E, K, score_func, True, 1.5, (dw, dlse, dsums))
+    w, idx, counts, lse, sums = router_kernel.router_forward(logits_TE, bias_E, K, score_func, True, 1.5,
+                                                             block_t=1, num_warps=1, programs=4)
+    assert torch.equal(idx, want.indices_TK) and torch.equal(counts, want.counts_E)
+    torch.testing.assert_close(w, want.weights_TK, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sums, want.score_sums_E, rtol=1e-5, atol=1e-5)
+    dlogits = router_kernel.router_backward(logits_TE, lse, idx, dw, dlse, dsums, score_func, True, 1.5,
+                                            block_t=1, num_warps=1)
+    torch.testing.assert_close(dlogits, dwant, rtol=1e-5, atol=1e-6)
+
+
 def test_ties_go_to_the_lowest_index():
     logits_TE = torch.zeros(5, 12)
     w, idx, counts, _, _ = router_kernel.router_forward(logits_TE, torch.zeros(12), 4, "sigmoid", True, 1.0)
