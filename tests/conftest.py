@@ -23,8 +23,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One embedded local Ray for the whole session (as marin-run starts by default)."""
+def ray_local(gcs_emulator):
+    """One embedded local Ray for the whole session (as marin-run starts by default).
+
+    Started after the GCS emulator: a Ray worker's environment is fixed when Ray starts, so a Ray
+    started first would never see STORAGE_EMULATOR_HOST and its tasks would go to the real GCS."""
     import ray
 
     if not ray.is_initialized():
