@@ -25,7 +25,7 @@ from typing import Any
 
 from executor.plan import Plan
 from executor.runner import Outcome, RunSummary
-from executor.store import RECORD, SUCCESS
+from executor.store import RECORD, SUCCESS, temp_path
 from executor.viz import graph, html
 from executor.viz.metrics import MetricsReader
 
@@ -218,7 +218,7 @@ class LivePage:
         path = self.store.path(self.folder, name)
         if self.store.is_local:  # readers see the old page or the new one, never half
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            tmp = temp_path(path)
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)

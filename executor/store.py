@@ -40,6 +40,15 @@ STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
 CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
+# Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (steps/data/formats.py
+# follows the same rule without importing this module).
+TEMP_PREFIX = ".tmp-"
+
+
+def temp_path(path: str) -> str:
+    """Where to write `path` before an atomic rename into place."""
+    head, tail = posixpath.split(path)
+    return posixpath.join(head, f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{tail}")
 
 RUNNING, SUCCESS, FAILED = "RUNNING", "SUCCESS", "FAILED"
 
@@ -223,6 +232,27 @@ class Store:
                 continue
             _remove(self.fs, entry, recursive=True)
 
+    def clear_temporaries(self, dirname: str) -> list[str]:
+        """Remove the uncommitted writes a killed attempt left (names starting with `.tmp-`, the
+        convention of docs/writing-steps.md), anywhere under the output. Run before each attempt
+        of a resumable step, whose folder otherwise survives: only the lease holder writes there,
+        so every such file belongs to an attempt that is gone, and left alone it would enter the
+        manifest and the output digest. Returns what it removed."""
+        folder = self.path(dirname)
+        # An object store's listing cache may predate another process's writes, and what this
+        # listing caches must not outlive it: the step lists its own folder next.
+        self.fs.invalidate_cache(folder)
+        try:
+            found = self.fs.find(folder, withdirs=False)
+        except FileNotFoundError:
+            found = []
+        finally:
+            self.fs.invalidate_cache(folder)
+        stale = [p for p in found if posixpath.basename(p.rstrip("/")).startswith(TEMP_PREFIX)]
+        for path in stale:
+            _remove(self.fs, path, recursive=False)
+        return stale
+
     def manifest(self, dirname: str) -> list[ManifestEntry]:
         """Every file of the output (control files excluded): relative path, size, checksum."""
         folder = self.path(dirname)
@@ -260,7 +290,7 @@ class Store:
         data = json.dumps(obj, indent=1, sort_keys=True).encode()
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            tmp = temp_path(path)
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()

@@ -3,7 +3,8 @@
 absent -> RUNNING -> SUCCESS | FAILED. The order of writes is the whole point:
 1. `.status` says RUNNING (a crash from here on leaves a folder that is never a cache hit), then
    the record gains a new attempt;
-2. a non-resumable step's partial output from an earlier attempt is cleared;
+2. a non-resumable step's partial output from an earlier attempt is cleared; a resumable step
+   keeps its folder, less the uncommitted `.tmp-*` writes of an attempt that was killed;
 3. the function runs;
 4. the manifest and output digest are computed;
 5. inside the lease's fence (`Leases.fence`: the lease still carries our token, and the status
@@ -92,6 +93,8 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         return _lost(task, attempt, started)
     if not task.step_type.resumable:
         store.clear_partial(task.dirname)
+    else:  # the folder survives; what a killed attempt had not committed goes
+        store.clear_temporaries(task.dirname)
 
     ctx = StepContext(name=task.name, output=store.url(task.dirname), digest=task.digest, attempt=attempt.number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper)

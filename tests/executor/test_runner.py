@@ -69,6 +69,24 @@ def flaky(config: Flaky, ctx) -> None:
         f.write("ok")
 
 
+@step_type(version="1", resumable=True)
+def shards(config: Flaky, ctx) -> None:
+    """Resumable: shard 0 is committed and kept across attempts; the first attempt dies while
+    shard 1 is still under its temporary name (an exception stands in for the kill)."""
+    from executor.store import temp_path
+
+    if not ctx.exists("shard-0"):
+        with ctx.open("shard-0", "w") as f:
+            f.write("zero")
+    if not os.path.exists(config.marker):
+        open(config.marker, "w").close()
+        with ctx.open(temp_path("shard-1"), "w") as f:
+            f.write("half")
+        raise RuntimeError("killed while writing shard 1")
+    with ctx.open("shard-1", "w") as f:
+        f.write("one")
+
+
 def voyage(fail=False, salt_file=""):
     a = Step("a", make, Make("A", salt_file=salt_file))
     b = Step("b", make, Make("B"))
@@ -199,6 +217,22 @@ def test_retry_policy_on_exception(tmp_path):
     os.remove(marker)
     _, summary = run_steps([Step("flaky", flaky, Flaky(marker))], str(tmp_path / "q"))
     assert summary.outcomes["flaky"].state == "FAILED"
+
+
+def test_a_resumed_step_loses_what_its_killed_attempt_left_uncommitted(tmp_path):
+    marker = str(tmp_path / "marker")
+    s = Step("shards", shards, Flaky(marker), retry=RetryPolicy(max_attempts=2, on_exception=True))
+    plan, summary = run_steps([s], str(tmp_path / "p"))
+    assert summary.outcomes["shards"].attempts == 2
+    store = Store(str(tmp_path / "p"))
+    d = plan.dag["shards"].dirname
+    assert sorted(os.listdir(store.path(d))) == [".lease", ".status", ".step.json", "shard-0", "shard-1"]
+    # the same output digest as a run that was never interrupted
+    open(str(tmp_path / "marker2"), "w").close()
+    clean_plan, clean = run_steps([Step("shards", shards, Flaky(str(tmp_path / "marker2")))], str(tmp_path / "q"))
+    assert clean.outcomes["shards"].attempts == 1
+    clean_status = Store(str(tmp_path / "q")).read_status(clean_plan.dag["shards"].dirname)
+    assert store.read_status(d).output_digest == clean_status.output_digest
 
 
 def test_a_step_leased_by_a_live_executor_waits(tmp_path):

@@ -111,3 +111,25 @@ def test_manifest_skips_links_to_folders(tmp_path):
     (tmp_path / d / "run" / "f.txt").write_text("x")
     os.symlink(tmp_path / d / "run", tmp_path / d / "latest-run")
     assert [m.path for m in store.manifest(d)] == ["run/f.txt"]
+
+
+def test_clear_temporaries_removes_only_uncommitted_writes(tmp_path):
+    """What a killed attempt of a resumable step leaves: `.tmp-*` files, at any depth. They go;
+    committed files and the control files stay, and the manifest is as if nothing was killed."""
+    from executor.store import temp_path
+
+    store = Store(str(tmp_path / "prefix"))
+    d = "steps/r-0000000000"
+    store.write_status(d, Status(state=SUCCESS, digest="0" * 64))
+    for rel, data in [("shards/00000.jsonl", b"done"), ("ledger/00000.json", b"{}")]:
+        with store.fs.open(store.path(d, rel), "wb") as f:
+            f.write(data)
+    want = store.manifest(d)
+    left = [temp_path(store.path(d, "shards/00001.jsonl")), temp_path(store.path(d, "top.bin"))]
+    for path in left:
+        with store.fs.open(path, "wb") as f:
+            f.write(b"half")
+    assert len(store.manifest(d)) == len(want) + 2
+    assert sorted(store.clear_temporaries(d)) == sorted(left)
+    assert store.manifest(d) == want and store.read_status(d) is not None
+    assert store.clear_temporaries("steps/missing-0000000000") == []
