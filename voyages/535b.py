@@ -10,15 +10,16 @@ pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23
 
 Laptop (`--laptop`): the same steps and edges over the bundled corpus (data/corpus: the King James
 Bible and the Python 3.11 documentation), a byte-level BPE trained on it instead of the pinned
-Llama 3 tokenizer, the `tiny` MoE preset and local resources. Run it from the repository root
-(the bundled corpus is named by repository-relative paths, so its digests do not depend on where
-the repository was cloned).
+Llama 3 tokenizer, the `tiny` MoE preset and local resources. The bundled corpus is named by
+repository-relative paths, read from this checkout whatever the working directory (ingest's
+run-only `root`), so the steps' digests do not depend on where the repository was cloned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from executor import Resources, RetryPolicy, Step, output_of
 from steps.data.dedup import DedupConfig, dedup
@@ -30,6 +31,8 @@ from steps.moe.config import PRESETS, MoEConfig, param_counts
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrainConfig, TrainerConfig
 from steps.train.eval import EvalConfig, evaluate
 from steps.train.pretrain import midtrain, pretrain
+
+REPO = Path(__file__).resolve().parents[1]  # the laptop corpus's relative paths start here
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
     scale = scale_of(config)
     docs: dict[str, Step] = {}
     for src in scale.sources:
-        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url), resources=scale.data_resources)
+        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, root=str(REPO)),
+                   resources=scale.data_resources)
         docs[src.name] = Step(f"dedup/{src.name}", dedup, DedupConfig(documents=output_of(raw), seed=config.seed),
                               resources=scale.data_resources)
     if config.laptop:

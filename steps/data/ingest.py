@@ -37,6 +37,9 @@ class IngestConfig:
     keep_metadata: bool = True  # other fields go under "metadata"
     max_docs_per_shard: int = 100_000
     files_per_task: int = run_only(default=1)
+    # Where relative local inputs are read from (default: the working directory). Run-only, so a
+    # repository-relative input names the same step from any checkout and any working directory.
+    root: str = run_only(default="")
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class _Job:
 @step_type(version="1", resumable=True)
 def ingest(config: IngestConfig, ctx: StepContext) -> None:
     """Normalize raw JSONL/Parquet documents into JSONL shards, counting and keeping rejects."""
-    files = expand(config.input)
+    files = expand(_rooted(config.input, config.root))
     if not files:
         raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
     todo = [(i, url) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
@@ -117,6 +120,13 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
     write_json(join(output, f"ledger/{index:05d}.json"),
                {"source": url, "shards": shards, "documents": sum(s["documents"] for s in shards),
                 "rejects": dict(rejects)})
+
+
+def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
+    if not root:
+        return spec
+    one = lambda url: url if "://" in url or posixpath.isabs(url) else join(root, url)  # noqa: E731
+    return one(spec) if isinstance(spec, str) else tuple(one(u) for u in spec)
 
 
 def _rel(url: str, root: str) -> str:

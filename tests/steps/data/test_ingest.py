@@ -108,3 +108,22 @@ def test_resume_redoes_only_unfinished_files(tmp_path, monkeypatch):
     ingest(IngestConfig(input=str(raw)), ctx)
     assert seen == [0, 1, 2, 2]
     assert ctx.results["documents"] == 12
+
+
+def test_relative_inputs_are_read_from_root_whatever_the_working_directory(tmp_path, monkeypatch):
+    """`root` is run-only: the same relative input is the same step from any checkout."""
+    from executor.identity import step_digest
+
+    for checkout in ("a", "b"):
+        corpus = tmp_path / checkout / "data"
+        corpus.mkdir(parents=True)
+        (corpus / "c.jsonl").write_text('{"id": "x", "text": "in %s"}\n' % checkout)
+    monkeypatch.chdir(tmp_path)  # neither checkout
+    configs = [IngestConfig(input="data/c.jsonl", root=str(tmp_path / c)) for c in ("a", "b")]
+    no_inputs = lambda ref: None  # noqa: E731
+    assert step_digest(ingest, configs[0], no_inputs) == step_digest(ingest, configs[1], no_inputs)
+    ctx = _ctx(tmp_path, "out-b")
+    ingest(configs[1], ctx)
+    assert [d["text"] for d in _docs(ctx)] == ["in b"]
+    with pytest.raises(FileNotFoundError, match="data/c.jsonl"):
+        ingest(IngestConfig(input="data/c.jsonl"), _ctx(tmp_path, "out-cwd"))
