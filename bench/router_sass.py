@@ -114,7 +114,8 @@ def analyse(T: int, E: int, K: int, score_func: str, block_t: int, warps: int) -
     bwd = machine_code(compile_sm90(rk._router_bwd_kernel, bwd_rt,
                                     dict(shape, KP=triton.next_power_of_2(K)), warps))
     rate = H200["sms"] * H200["schedulers"] * H200["clock_hz"]
-    warps_per_sm = lambda regs: min(64, H200["regs_per_sm"] // (max(regs, 1) * 32) // warps * warps)  # noqa: E731
+    # resident warps a SM: at most 64, at most 32 programs, and as many as the registers allow
+    warps_per_sm = lambda regs: min(64, 32 * warps, H200["regs_per_sm"] // (max(regs, 1) * 32) // warps * warps)  # noqa: E731
     programs = min(n_tiles, H200["sms"] * max(1, 16 // warps))  # as router_kernel.max_programs
     fwd["warp_instructions"] = n_tiles * warps * fwd["loop"] + programs * warps * (fwd["total"] - fwd["loop"])
     bwd["warp_instructions"] = n_tiles * warps * bwd["total"]
