@@ -56,7 +56,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
 from steps.moe import router_kernel  # noqa: E402
-from steps.moe.router import route_fused, route_reference, untied_logits  # noqa: E402
+from steps.moe.router import least_traffic, route_fused, route_reference, untied_logits  # noqa: E402
 
 
 def timer(device: str):
@@ -85,15 +85,6 @@ def copy_gbps(device: str, time_ms) -> float:
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src))
     return 2 * n_bytes / ms / 1e6
-
-
-def min_bytes(T: int, E: int, K: int) -> tuple[int, int]:
-    """Least traffic of the forward and of the backward, in bytes."""
-    # forward: logits, bias -> weights, indices, lse, counts, sums
-    fwd = 4 * T * E + 4 * E + 8 * T * K + 4 * T + 8 * E
-    # backward: logits, lse, indices, dweights, dlse, dsums -> dlogits
-    bwd = 4 * T * E + 4 * T + 8 * T * K + 4 * T + 4 * E + 4 * T * E
-    return fwd, bwd
 
 
 def saved_bytes(fn, logits) -> int:
@@ -168,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
 
             want = forward("eager", logits_TE)
             dwant = forward_backward("eager")
-            fwd_b, bwd_b = min_bytes(T, E, K)
+            fwd_b, bwd_b = least_traffic(T, E, K)
             eager_ms = None
             for impl in ["eager", *[i for i in impls if i != "eager"]]:
                 if impl != "eager":
@@ -190,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     E_t = 384 if 384 in args.experts else max(args.experts)
     f_fb = results[(T_t, E_t, "fused")][1]
     speedup = results[(T_t, E_t, "eager")][1] / f_fb
-    frac = sum(min_bytes(T_t, E_t, K)) / f_fb / 1e6 / copy
+    frac = sum(least_traffic(T_t, E_t, K)) / f_fb / 1e6 / copy
     print(f"\ntargets at T={T_t}, E={E_t}: fused fwd+bwd {speedup:.2f}x eager (target >= 5x), "
           f"{100 * frac:.1f}% of copy bandwidth (target >= 40%)")
     if device == "cuda":
@@ -217,7 +208,7 @@ def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
     dw_TK = torch.randn(T, K, generator=gen, device=device)
     dlse_T, dsums_E = torch.zeros(T, device=device), torch.zeros(E, device=device)
     bt0, w0 = router_kernel.tile_config(T, E, device)
-    p0 = router_kernel.max_programs(device)
+    p0 = router_kernel.max_programs(device, w0)
 
     def run_ms(bt: int, warps: int, programs: int) -> float:
         def run():
@@ -234,7 +225,7 @@ def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
     pw = router_kernel.max_programs(device, w)
     grids = sorted((run_ms(bt, w, pw * m // 4), pw * m // 4) for m in (1, 2, 4, 8))
     default_ms = next(ms for ms, b, ww in rows if (b, ww) == (bt0, w0))
-    gbps = sum(min_bytes(T, E, K)) / min(best_ms, grids[0][0]) / 1e6
+    gbps = sum(least_traffic(T, E, K)) / min(best_ms, grids[0][0]) / 1e6
     print(f"\nsweep of the fused fwd+bwd at T={T}, E={E}: default BT={bt0} warps={w0} programs={p0}: "
           f"{default_ms:.3f} ms; best BT={bt} warps={w} programs={grids[0][1]}: "
           f"{min(best_ms, grids[0][0]):.3f} ms ({100 * gbps / copy:.1f}% of copy)")

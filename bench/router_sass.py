@@ -12,7 +12,7 @@ many of those are shuffles and barriers, and two lower bounds on the time at T t
 
 - issue: every warp instruction issued once, on 132 SMs x 4 schedulers at 1.98 GHz (one warp
   instruction a scheduler a cycle, the H200's boost clock as seen on the lent machine);
-- memory: the least bytes the kernel must move (bench/router.py's count) at the 4.3 TB/s of a
+- memory: the least bytes the kernel must move (steps.moe.router.least_traffic) at the 4.3 TB/s of a
   device-to-device copy measured on the same machine kind (read + write).
 
 Neither is a measurement: stalls, latency and the tail are not in them. They rank designs and
@@ -36,7 +36,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from steps.moe import router_kernel as rk  # noqa: E402
-from steps.moe.router import SCORE_FUNCS  # noqa: E402
+from steps.moe.router import SCORE_FUNCS, least_traffic  # noqa: E402
 
 H200 = dict(sms=132, schedulers=4, clock_hz=1.98e9, copy_bytes_per_s=4.3e12, regs_per_sm=65536)
 FWD_ARGS = ["logits_ptr", "bias_ptr", "weights_ptr", "indices_ptr", "lse_ptr", "counts_ptr", "sums_ptr"]
@@ -116,11 +116,10 @@ def analyse(T: int, E: int, K: int, score_func: str, block_t: int, warps: int) -
     rate = H200["sms"] * H200["schedulers"] * H200["clock_hz"]
     # resident warps a SM: at most 64, at most 32 programs, and as many as the registers allow
     warps_per_sm = lambda regs: min(64, 32 * warps, H200["regs_per_sm"] // (max(regs, 1) * 32) // warps * warps)  # noqa: E731
-    programs = min(n_tiles, H200["sms"] * max(1, 16 // warps))  # as router_kernel.max_programs
+    programs = min(n_tiles, H200["sms"] * rk.programs_per_sm(warps))
     fwd["warp_instructions"] = n_tiles * warps * fwd["loop"] + programs * warps * (fwd["total"] - fwd["loop"])
     bwd["warp_instructions"] = n_tiles * warps * bwd["total"]
-    fwd_bytes = 4 * T * E + 4 * E + 8 * T * K + 4 * T + 8 * E
-    bwd_bytes = 4 * T * E + 4 * T + 8 * T * K + 4 * T + 4 * E + 4 * T * E
+    fwd_bytes, bwd_bytes = least_traffic(T, E, K)
     for d, n_bytes in ((fwd, fwd_bytes), (bwd, bwd_bytes)):
         d["issue_us"] = d["warp_instructions"] / rate * 1e6
         d["memory_us"] = n_bytes / H200["copy_bytes_per_s"] * 1e6

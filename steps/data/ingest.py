@@ -123,9 +123,10 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
 
 
 def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
-    if not root:
-        return spec
-    one = lambda url: url if "://" in url or posixpath.isabs(url) else join(root, url)  # noqa: E731
+    """`spec` with its relative local paths read from `root` (when one is given)."""
+    def one(url: str) -> str:
+        return url if not root or "://" in url or posixpath.isabs(url) else join(root, url)
+
     return one(spec) if isinstance(spec, str) else tuple(one(u) for u in spec)
 
 

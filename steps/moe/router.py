@@ -122,6 +122,16 @@ def route_fused(logits_TE: Tensor, bias_E: Tensor, k: int, score_func: str, reno
 ROUTERS = {"reference": route_reference, "fused": route_fused}
 
 
+def least_traffic(n_tokens: int, n_experts: int, k: int) -> tuple[int, int]:
+    """The fewest bytes the router's forward and backward can move (what the benchmarks divide
+    by): forward reads logits and bias, writes weights, indices, lse, counts and sums; backward
+    reads logits, lse, indices and the three incoming gradients, writes the logit gradient."""
+    T, E, K = n_tokens, n_experts, k
+    fwd = 4 * T * E + 4 * E + 8 * T * K + 4 * T + 8 * E
+    bwd = 4 * T * E + 4 * T + 8 * T * K + 4 * T + 4 * E + 4 * T * E
+    return fwd, bwd
+
+
 def route(logits_TE: Tensor, bias_E: Tensor, k: int, score_func: str, renormalize: bool,
           scale: float, impl: str = "auto") -> RouterOutput:
     """Route with the implementation named by `impl`; "auto" is the fused kernel on CUDA and the

@@ -60,12 +60,16 @@ def chunk_width(n_experts: int) -> int:
     return min(128, triton.next_power_of_2(n_experts))
 
 
+def programs_per_sm(num_warps: int) -> int:
+    """Forward programs a SM: 16 warps, as many as stay resident at the forward's ~128 registers
+    a thread, and no more, since each program adds its counts and sums once per expert at its end."""
+    return max(1, 16 // num_warps)
+
+
 def max_programs(device: torch.device, num_warps: int = 1) -> int:
-    """Programs of the forward grid: 16 warps a SM, as many as stay resident at the forward's
-    ~128 registers a thread, and no more, since each program adds its counts and sums once per
-    expert at its end."""
+    """Programs of the forward grid."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count * max(1, 16 // num_warps)
+        return torch.cuda.get_device_properties(device).multi_processor_count * programs_per_sm(num_warps)
     return 4  # the interpreter runs programs one after another; a few keep the strided loop tested
 
 
@@ -83,6 +87,15 @@ def _token_sum(x):
 @triton.jit
 def _token_min(x):
     return tl.min(tl.min(x, axis=0), axis=1)
+
+
+@triton.jit
+def _expert_ids(NC: tl.constexpr, CW: tl.constexpr):
+    """[NC, 1, CW]: expert e = c * CW + j sits at [c, ., j] (lanes hold 4 consecutive columns of
+    each chunk)."""
+    c_C = tl.arange(0, NC)
+    j_J = tl.arange(0, CW)
+    return tl.expand_dims(tl.expand_dims(c_C, 1), 2) * CW + tl.expand_dims(tl.expand_dims(j_J, 0), 0)
 
 
 @triton.jit
@@ -105,13 +118,10 @@ def _router_fwd_kernel(
     E: tl.constexpr, K: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, BT: tl.constexpr,
     SCORE: tl.constexpr, RENORM: tl.constexpr,
 ):
-    # Expert e = c * CW + j sits at [c, ., j]: lanes hold 4 consecutive columns of each chunk.
-    c_C = tl.arange(0, NC)
-    j_J = tl.arange(0, CW)
-    e_C1J = tl.expand_dims(tl.expand_dims(c_C, 1), 2) * CW + tl.expand_dims(tl.expand_dims(j_J, 0), 0)
+    e_C1J = _expert_ids(NC, CW)
     real_C1J = e_C1J < E
     bias_C1J = tl.load(bias_ptr + e_C1J, mask=real_C1J, other=0.0)
-    slot_1J = tl.expand_dims(j_J, 0)  # the K chosen experts go to slots j < K of a [BT, CW] row
+    slot_1J = tl.expand_dims(tl.arange(0, CW), 0)  # the K chosen experts go to slots j < K of a [BT, CW] row
     counts_CBJ = tl.zeros([NC, BT, CW], dtype=tl.int32)
     sums_CBJ = tl.zeros([NC, BT, CW], dtype=tl.float32)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -176,9 +186,7 @@ def _router_bwd_kernel(
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, BT: tl.constexpr,
     SCORE: tl.constexpr, RENORM: tl.constexpr,
 ):
-    c_C = tl.arange(0, NC)
-    j_J = tl.arange(0, CW)
-    e_C1J = tl.expand_dims(tl.expand_dims(c_C, 1), 2) * CW + tl.expand_dims(tl.expand_dims(j_J, 0), 0)
+    e_C1J = _expert_ids(NC, CW)
     real_C1J = e_C1J < E
     t_B = tl.program_id(0) * BT + tl.arange(0, BT)
     real_B = t_B < T
