@@ -156,3 +156,80 @@ def voyage(config: Cfg):
 """, name="failing.py")
     code, out, _ = run_cli([failing, "--prefix", prefix], capsys)
     assert code == 1 and "FAILED" in out and "ValueError: no good" in out and ".step.json" in out
+
+
+# -- issue 13, item 9: exact flags, bad values refused in one line, nothing written -------------------
+
+FLAGS_VOYAGE = VOYAGE_HEAD.replace("n: int = 2", "n: int = 2\n    max: int = 0\n    name: str = 'x'") + """
+def voyage(config: Cfg):
+    return [Step("s", t, C(src=config.name))]
+
+def summary(config: Cfg):
+    return f"max={config.max}"
+"""
+
+
+def test_flags_are_exact_and_never_abbreviations(tmp_path, capsys):
+    path = write_voyage(tmp_path, FLAGS_VOYAGE)
+    code, out, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p"), "--max", "7"], capsys)
+    assert code == 0 and "max=7" in out, out + err  # the voyage's field, not --max-concurrent
+    code, _, err = run_cli([path, "--dry-run", "--pre", str(tmp_path / "q")], capsys)
+    assert code == 2 and "unrecognized arguments: --pre" in one_error_line(err)
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["--lease-ttl", "0"], {}, "--lease-ttl"),
+    (["--lease-ttl", "-5"], {}, "--lease-ttl"),
+    (["--lease-ttl", "nan"], {}, "--lease-ttl"),
+    (["--lease-ttl", "inf"], {}, "--lease-ttl"),
+    ([], {"MARIN_LEASE_TTL": "abc"}, "MARIN_LEASE_TTL"),
+    (["--max-concurrent", "0"], {}, "--max-concurrent"),
+    (["--prefix", ""], {}, "--prefix"),
+    (["--prefix", "   "], {}, "--prefix"),
+])
+def test_bad_executor_settings_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, env, words):
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path = write_voyage(tmp_path, FLAGS_VOYAGE)
+    code, _, err = run_cli([path, *args], capsys)
+    assert code == 2 and words in one_error_line(err)
+    assert sorted(os.listdir(tmp_path)) == ["v.py"]
+
+
+def test_a_lone_surrogate_in_a_config_string_is_one_line(tmp_path, capsys):
+    path = write_voyage(tmp_path, FLAGS_VOYAGE)
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p"), "--name", "bad\udcff"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "config.src" in line and "surrogate" in line, line
+
+
+@pytest.mark.parametrize("name", ["x/./y", "x/../y", "./x", "x/.", "x//y", "x/"])
+def test_step_names_that_alias_folders_are_refused(tmp_path, capsys, name):
+    path = write_voyage(tmp_path, VOYAGE_HEAD + f"""
+def voyage(config: Cfg):
+    return [Step({name!r}, t, C())]
+""")
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    assert code == 2 and "bad step name" in one_error_line(err)
+
+
+def test_rerun_of_an_unknown_step_creates_nothing(tmp_path, capsys):
+    prefix = tmp_path / "p"
+    code, _, err = run_cli([HELLO, "--prefix", str(prefix), "--rerun", "nosuch"], capsys)
+    assert code == 2 and "no step named 'nosuch'" in one_error_line(err)
+    assert not prefix.exists()
+
+
+def test_a_corrupt_status_is_explained_as_corrupt(tmp_path, capsys, ray_local):
+    path = write_voyage(tmp_path, VOYAGE_HEAD + """
+def voyage(config: Cfg):
+    return [Step("s", t, C())]
+""")
+    prefix = tmp_path / "p"
+    assert run_cli([path, "--prefix", str(prefix), "--no-live-page"], capsys)[0] == 0
+    (status,) = prefix.glob("s-*/.status")
+    status.write_text('{"state": "SUCC')
+    code, out, _ = run_cli([path, "--dry-run", "--prefix", str(prefix)], capsys)
+    line = next(line for line in out.splitlines() if line.startswith("s "))
+    assert code == 0 and "corrupt" in line and ".status" in line and "new step" not in line, line

@@ -209,3 +209,86 @@ def test_plain_and_diff_name_the_changed_leaf():
     assert "config.inner.lr: 0.1 -> 0.2" in lines
     assert "config.table.k: (absent) -> 1" in lines
     assert "workers" not in str(lines)
+
+
+# -- issue 13, item 8: one meaning, one digest; what is ambiguous is refused ----------------------------
+
+@dataclass(frozen=True)
+class Typed:
+    rate: float = 0.5
+    rates: tuple[float, ...] = ()
+    maybe: float | None = None
+    count: int = 0
+    where: str = ""
+    anything: object = None
+
+
+def test_minus_zero_is_zero():
+    assert digest(Typed(rate=-0.0)) == digest(Typed(rate=0.0))
+    assert digest(Cfg(table={"x": -0.0})) == digest(Cfg(table={"x": 0.0}))
+
+
+def test_an_int_in_a_float_field_is_that_float():
+    assert digest(Typed(rate=1)) == digest(Typed(rate=1.0))
+    assert digest(Typed(rates=(1, 2))) == digest(Typed(rates=(1.0, 2.0)))
+    assert digest(Typed(maybe=3)) == digest(Typed(maybe=3.0))
+    # where the field does not say, 1 and 1.0 stay different values
+    assert digest(Typed(anything=1)) != digest(Typed(anything=1.0))
+
+
+def test_a_fractional_float_in_an_int_field_is_refused():
+    assert digest(Typed(count=2.0)) == digest(Typed(count=2))
+    with pytest.raises(IdentityError, match=r"config\.count: 2\.5 .*int"):
+        digest(Typed(count=2.5))
+
+
+def test_a_path_is_its_string():
+    import pathlib
+
+    assert digest(Typed(where=pathlib.Path("data/a.txt"))) == digest(Typed(where="data/a.txt"))
+    assert digest(Cfg(table={"p": pathlib.PurePosixPath("a/b")})) == digest(Cfg(table={"p": "a/b"}))
+
+
+def test_a_named_tuple_is_not_a_plain_tuple():
+    import collections
+
+    Point = collections.namedtuple("Point", "x y")
+    assert digest(Cfg(table={"p": Point(1, 2)})) != digest(Cfg(table={"p": (1, 2)}))
+    assert digest(Cfg(table={"p": Point(1, 2)})) == digest(Cfg(table={"p": Point(x=1, y=2)}))
+
+
+def test_sub_paths_are_normalized_and_parent_segments_refused():
+    from executor import VoyageError
+
+    up = Step("up", produce, Cfg(n=2))
+
+    def down(sub):
+        return build_dag([Step("down", produce, Cfg(source=output_of(up, sub)))])["down"].digest
+
+    assert down("a//b") == down("a/b") == down("./a/b") == down("a/./b/") == down("/a/b")
+    with pytest.raises(VoyageError, match=r"\.\."):
+        output_of(up, "../elsewhere")
+
+
+def test_two_step_types_of_one_name_in_two_modules_is_an_error_naming_both(tmp_path, monkeypatch):
+    from executor import VoyageError
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    body = "from executor import step_type\n\n@step_type(version='1')\ndef same_name(config, ctx):\n    return {}\n"
+    (tmp_path / "clash_one.py").write_text(body.format(1))
+    (tmp_path / "clash_two.py").write_text(body.replace("return {}", "return 2"))
+    import clash_one  # noqa: F401
+
+    with pytest.raises(VoyageError, match=r"same_name.*clash_one.*clash_two|same_name.*clash_two.*clash_one"):
+        import clash_two  # noqa: F401
+    # the same definition loaded again (a voyage file loaded twice) is the same step type
+    (tmp_path / "clash_three.py").write_text(body.format(1))
+    import clash_three  # noqa: F401
+
+
+def test_a_reference_in_a_set_or_as_a_key_has_no_identity():
+    up = Step("up", produce, Cfg(n=2))
+    with pytest.raises(IdentityError, match=r"config\.table\['s'\].*output_of"):
+        build_dag([Step("down", produce, Cfg(table={"s": frozenset({output_of(up)})}))])
+    with pytest.raises(IdentityError, match=r"config\.table.*key.*output_of"):
+        build_dag([Step("down", produce, Cfg(table={output_of(up): 1}))])

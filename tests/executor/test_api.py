@@ -1,0 +1,56 @@
+"""`executor.api` (exported by `executor`): plan and run from Python without leases or Ray in
+sight; `InputPath` for config fields that hold another step's output; `ctx.open_input`."""
+
+from dataclasses import dataclass
+
+import pytest
+
+import executor
+from executor import InputPath, Step, StepContext, VoyageError, output_of, plan_steps, run_steps, step_type
+
+
+@dataclass(frozen=True)
+class Words:
+    text: str
+
+
+@step_type(version="1", name="api_words")
+def words(config: Words, ctx: StepContext) -> None:
+    with ctx.open("words.txt", "w") as f:
+        f.write(config.text)
+
+
+@dataclass(frozen=True)
+class Count:
+    words: InputPath  # a type checker accepts output_of(...) here; the step reads a URL
+    folder: InputPath
+
+
+@step_type(version="1", name="api_count")
+def count(config: Count, ctx: StepContext) -> None:
+    with ctx.open_input(config.words, mode="r") as f:
+        n = len(f.read().split())
+    with ctx.open_input(config.folder, "words.txt") as f:
+        assert len(f.read().split()) == n
+    with pytest.raises(VoyageError, match="read-only"):
+        ctx.open_input(config.words, mode="w")
+    ctx.results["words"] = n
+
+
+def test_the_api_hides_leases_and_ray(tmp_path, ray_local):
+    from ray import cloudpickle
+
+    import sys
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    assert {"plan_steps", "run_steps", "InputPath", "StepState"} <= set(executor.__all__)
+    w = Step("w", words, Words("a b c"))
+    steps = [Step("n", count, Count(words=output_of(w, "words.txt"), folder=output_of(w)))]
+    plan = plan_steps(steps, str(tmp_path))
+    assert [d.state for d in plan.decisions] == ["RUN", "RUN"]
+    plan, summary = run_steps(steps, str(tmp_path))
+    assert summary.exit_code == 0
+    from executor.store import Store
+
+    assert Store(str(tmp_path)).read_record(plan["n"].node.dirname).results == {"words": 3}
+    assert plan_steps(steps, str(tmp_path)).counts() == {"CACHED": 2}

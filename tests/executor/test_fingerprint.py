@@ -1,0 +1,249 @@
+"""Issue 13, item 5: the code fingerprint follows what changes a step's behaviour (helpers behind
+decorators, Triton kernels, module constants, `pkg.mod.fn()` chains, the config class and its
+defaults), names what changed, and is the same on every Python version for the same source."""
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from executor.identity import code_fingerprint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def digest_of(fp) -> str:
+    return getattr(fp, "digest", fp)
+
+
+@pytest.fixture
+def module(tmp_path, monkeypatch):
+    """`module(name, source)`: write `name.py` (or a package file) and import it afresh."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make(name, source, files=()):
+        for rel, text in files:
+            path = tmp_path / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        for mod in [m for m in sys.modules if m == name or m.split(".")[0] in {r.split("/")[0] for r, _ in files}]:
+            del sys.modules[mod]
+        importlib.invalidate_caches()
+        return importlib.import_module(name)
+
+    return make
+
+
+def changes(module, name, before, after, files_before=(), files_after=(), config=None):
+    """Fingerprints of `step` in `before` and in `after` (the same module edited)."""
+    first = module(name, before, files_before)
+    fp1 = code_fingerprint(first.step, *((getattr(first, config),) if config else ()))
+    second = module(name, after, files_after)
+    fp2 = code_fingerprint(second.step, *((getattr(second, config),) if config else ()))
+    return fp1, fp2
+
+
+def changed_parts(fp1, fp2):
+    return sorted(k for k in set(fp1.parts) | set(fp2.parts) if fp1.parts.get(k) != fp2.parts.get(k))
+
+
+def test_a_helper_behind_lru_cache_counts(module):
+    src = """
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def load_tokenizer(name):
+        return name.upper()
+
+    def step(config, ctx):
+        return load_tokenizer(config)
+    """
+    fp1, fp2 = changes(module, "fp_cached", src, src.replace("upper", "lower"))
+    assert digest_of(fp1) != digest_of(fp2)
+    assert changed_parts(fp1, fp2) == ["fp_cached.load_tokenizer"]
+
+
+def test_a_helper_behind_functools_wraps_counts(module):
+    src = """
+    import functools
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(*a):
+            return fn(*a)
+        return wrapper
+
+    @logged
+    def helper(x):
+        return x + 1
+
+    def step(config, ctx):
+        return helper(config)
+    """
+    fp1, fp2 = changes(module, "fp_wrapped", src, src.replace("x + 1", "x + 2"))
+    assert digest_of(fp1) != digest_of(fp2)
+    assert "fp_wrapped.helper" in changed_parts(fp1, fp2)
+
+
+def test_a_triton_kernel_counts(module):
+    src = """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, n: tl.constexpr):
+        tl.store(x_ptr, n)
+
+    def step(config, ctx):
+        kernel[(1,)](config, 4)
+    """
+    fp1, fp2 = changes(module, "fp_kernel", src, src.replace("tl.store(x_ptr, n)", "tl.store(x_ptr, n + 1)"))
+    assert digest_of(fp1) != digest_of(fp2)
+    assert changed_parts(fp1, fp2) == ["fp_kernel.kernel"]
+
+
+def test_a_module_constant_the_step_reads_counts(module):
+    src = """
+    SCALE = 3
+    OFFSET = SCALE * 2
+
+    def step(config, ctx):
+        return config * OFFSET
+    """
+    fp1, fp2 = changes(module, "fp_const", src, src.replace("SCALE = 3", "SCALE = 4"))
+    assert digest_of(fp1) != digest_of(fp2)
+    assert changed_parts(fp1, fp2) == ["fp_const.SCALE"]
+
+
+def test_a_call_through_a_package_attribute_chain_counts(module):
+    src = """
+    import fp_pkg.inner
+
+    def step(config, ctx):
+        return fp_pkg.inner.helper(config)
+    """
+    helper = "def helper(x):\n    return x + 1\n"
+    files1 = [("fp_pkg/__init__.py", ""), ("fp_pkg/inner.py", helper)]
+    files2 = [("fp_pkg/__init__.py", ""), ("fp_pkg/inner.py", helper.replace("+ 1", "+ 2"))]
+    fp1, fp2 = changes(module, "fp_chain", src, src, files1, files2)
+    assert digest_of(fp1) != digest_of(fp2)
+    assert changed_parts(fp1, fp2) == ["fp_pkg.inner.helper"]
+
+
+def test_the_config_class_and_its_defaults_count_and_a_changed_default_is_named(module):
+    src = """
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True)
+    class Inner:
+        lr: float = 0.1
+
+    @dataclass(frozen=True)
+    class Cfg:
+        n: int = 1
+        inner: Inner = field(default_factory=Inner)
+
+        def __post_init__(self):
+            assert self.n > 0
+
+    def step(config, ctx):
+        return config.n
+    """
+    fp1, fp2 = changes(module, "fp_cfg", src, src.replace("n: int = 1", "n: int = 1000"), config="Cfg")
+    assert digest_of(fp1) != digest_of(fp2)
+    assert changed_parts(fp1, fp2) == ["default fp_cfg.Cfg.n"]
+    assert fp1.parts["default fp_cfg.Cfg.n"].endswith(" 1") and fp2.parts["default fp_cfg.Cfg.n"].endswith(" 1000")
+    fp3, fp4 = changes(module, "fp_cfg", src, src.replace("lr: float = 0.1", "lr: float = 0.2"), config="Cfg")
+    assert changed_parts(fp3, fp4) == ["default fp_cfg.Inner.lr"]
+    fp5, fp6 = changes(module, "fp_cfg", src, src.replace("self.n > 0", "self.n > 1"), config="Cfg")
+    assert changed_parts(fp5, fp6) == ["fp_cfg.Cfg"]
+
+
+def test_comments_docstrings_annotations_and_layout_do_not_count(module):
+    src = """
+    def helper(x):
+        return x + 1
+
+    def step(config, ctx):
+        '''doc'''
+        return helper(config)
+    """
+    other = """
+    # a comment
+    def helper(x: int) -> int:
+        '''a docstring'''
+        return (x +
+                1)  # same code
+
+
+    def step(config, ctx) -> None:
+        '''another doc'''
+        return helper(  config  )
+    """
+    fp1, fp2 = changes(module, "fp_layout", src, other)
+    assert digest_of(fp1) == digest_of(fp2)
+
+
+FIXED = '''
+import functools
+
+LIMIT = 10 ** 3
+NAMES = ("a", "b")
+
+
+@functools.lru_cache(maxsize=None)
+def table(n):
+    return {k: i * 1.5 for i, k in enumerate(NAMES[:n])}
+
+
+class Box:
+    size: int = 4
+
+    def grow(self, by=2):
+        return f"{self.size + by!r:>{LIMIT}}" if by else f'{by=}'  # f-strings tokenize anew in 3.12
+
+
+def step(config, ctx):
+    """Docstrings do not count."""
+    with open(config) as f:
+        data = f.read()
+    match data.split():
+        case [first, *rest] if first:
+            return table(len(rest)), Box().grow(), lambda *a, **k: (a, k)
+        case _:
+            return {**{}, "x": [*range(3)]}
+'''
+
+# The fingerprint of FIXED's `step`, pinned: a change here means every recorded fingerprint drifts.
+PINNED = "fp2:2d4b1e2e1ff6d62d51f1ab5fa3a4e21c1b1f2d8a0d2b8c8fcd0e6e4d1a9e6b9a"
+
+OTHER_PYTHONS = [os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in ("3.12.1", "3.13.0")]
+
+
+def test_the_fingerprint_is_pinned_and_the_same_on_other_python_versions(module, tmp_path):
+    fixed = module("fp_fixed", FIXED)
+    here = code_fingerprint(fixed.step)
+    assert digest_of(here) == PINNED
+    # The static part needs nothing but the standard library: load it alone under each Python.
+    script = textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        spec = importlib.util.spec_from_file_location("fp_alone", {os.path.join(ROOT, "executor", "fingerprint.py")!r})
+        fp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fp)
+        import fp_fixed
+        print(fp.code_fingerprint(fp_fixed.step).digest)
+    """)
+    others = [p for p in OTHER_PYTHONS if os.path.exists(p)] + [p for p in [shutil.which("python3.12"),
+                                                                           shutil.which("python3.13")] if p]
+    if not others:
+        pytest.skip("no other Python interpreter on this machine (pyenv 3.12/3.13 not found)")
+    for python in sorted(set(others)):
+        out = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == PINNED, python
