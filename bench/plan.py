@@ -64,7 +64,8 @@ def fill(store: Store, steps: list[Step]) -> None:
     for node in dag:
         store.write_json(store.path(node.dirname, ".status"), Status(
             state=SUCCESS, digest=node.digest, output_digest="0" * 64,
-            inputs={d.digest: "0" * 64 for d in node.deps}, code=dag.fingerprint(node)).model_dump())
+            inputs={d.name: "0" * 64 for d in node.deps}, inputs_by="name",
+            code=dag.fingerprint(node).digest).model_dump(mode="json"))
 
 
 def main() -> None:

@@ -58,9 +58,9 @@ def spin(config: Spin, ctx: StepContext) -> None:
 def run(steps: list[Step], max_concurrent: int) -> float:
     root = tempfile.mkdtemp(prefix="marin-bench-ray-")
     try:
-        plan, leases = plan_steps(steps, root)
+        plan = plan_steps(steps, root)
         t0 = time.perf_counter()
-        summary = run_plan(plan, leases, max_concurrent=max_concurrent)
+        summary = run_plan(plan, max_concurrent=max_concurrent)
         elapsed = time.perf_counter() - t0
         assert summary.exit_code == 0, [o for o in summary.outcomes.values() if o.state != "SUCCESS"]
         return elapsed

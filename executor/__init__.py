@@ -2,14 +2,23 @@
 
 The public API, for step types and voyages:
 
-    from executor import Step, step_type, output_of, this_output, Resources, RetryPolicy, StepContext
+    from executor import Step, step_type, output_of, this_output, InputPath, Resources, RetryPolicy, StepContext
+
+and for planning and running from Python (what `marin-run` does):
+
+    from executor import plan_steps, run_steps, Selection
 
 Importing it imports neither Ray nor torch.
 """
 
+from executor.api import plan_steps, run_plan, run_steps
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
+from executor.plan import Plan, Selection
+from executor.runner import RunSummary
+from executor.state import StepState
 from executor.step import (
+    InputPath,
     InputRef,
     OwnOutput,
     Resources,
@@ -24,16 +33,24 @@ from executor.step import (
 
 __all__ = [
     "IdentityError",
+    "InputPath",
     "InputRef",
     "OwnOutput",
+    "Plan",
     "Resources",
     "RetryPolicy",
+    "RunSummary",
+    "Selection",
     "Step",
     "StepContext",
+    "StepState",
     "StepType",
     "VoyageError",
     "output_of",
+    "plan_steps",
     "run_only",
+    "run_plan",
+    "run_steps",
     "step_type",
     "this_output",
 ]

@@ -1,15 +1,17 @@
-"""`marin-run VOYAGE.py [flags] [voyage config overrides]`.
+"""`marin-run VOYAGE.py [flags] [voyage config overrides]`: a thin layer over `executor.api`.
 
-The executor's own flags are parsed first; everything else is the voyage's config dataclass,
-parsed by draccus (`--help` lists both). Exit codes: 0 success, 1 a step failed, 2 a bad voyage,
-config, flag or prefix (one line on stderr, nothing written). `--help` and `--dry-run` never
-import Ray or torch.
+The executor's own flags are parsed first, by their exact names only (no abbreviations: `--max`
+is a voyage's field, never `--max-concurrent`); everything else is the voyage's config
+dataclass, parsed by draccus, also exactly (`--help` lists both). Exit codes: 0 success, 1 a step
+failed, 2 a bad voyage, config, flag, setting or prefix (one line on stderr, nothing written).
+`--help` and `--dry-run` never import Ray or torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, Sequence
 from executor.errors import VoyageError
 
 if TYPE_CHECKING:
-    from executor.lease import Leases
     from executor.plan import Plan
     from executor.voyage import VoyageFile
 
@@ -43,9 +44,16 @@ class Options:
     overrides: list[str]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flags by their exact names, and a bad one is a VoyageError (one line, exit 2), not usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise VoyageError(f"{message} (see {PROG} --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, add_help=False,
+    p = _Parser(
+        prog=PROG, add_help=False, allow_abbrev=False,
         description="Plan and run a voyage: a DAG of versioned, content-hashed steps on Ray.",
         epilog="Any other --flags set fields of the voyage's config (see below).")
     p.add_argument("voyage", help="the voyage file, e.g. voyages/hello.py")
@@ -61,12 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run steps downstream of --rerun, and STALE steps, whose inputs changed")
     p.add_argument("--only", metavar="NAME", nargs="+", default=[],
                    help="run only these steps and whatever they need that is missing")
-    p.add_argument("--prefix", default=os.environ.get("MARIN_PREFIX", "out"),
+    p.add_argument("--prefix", default=None,
                    help="where outputs live: a local folder or gs://bucket/path (env MARIN_PREFIX; default ./out)")
     p.add_argument("--ray-address", default=None,
                    help="join this Ray cluster (env RAY_ADDRESS); default: an embedded local Ray")
-    p.add_argument("--max-concurrent", type=int, default=16, help="steps running at once (default 16)")
-    p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("MARIN_LEASE_TTL", 60)),
+    p.add_argument("--max-concurrent", type=_count, default=16, help="steps running at once (default 16)")
+    p.add_argument("--lease-ttl", type=_seconds, default=None,
                    help="seconds a lease lives without renewal (env MARIN_LEASE_TTL; default 60)")
     p.add_argument("--no-live-page", dest="live_page", action="store_false",
                    help="do not keep the voyage page {prefix}/voyages/{voyage}/{run}/index.html during the run")
@@ -74,15 +82,49 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 would renew a lease in a tight loop, NaN never expire)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number of seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 1")
+    return value
+
+
 def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
+    """The executor's flags (exact names), with their environment defaults checked; the rest are
+    the voyage's config overrides. A bad flag or setting is a VoyageError."""
     parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         raise SystemExit(0 if argv else 2)
     ns, rest = parser.parse_known_args(argv)
+    lease_ttl = ns.lease_ttl
+    if lease_ttl is None:
+        env = os.environ.get("MARIN_LEASE_TTL")
+        try:
+            lease_ttl = _seconds(env) if env is not None else 60.0
+        except argparse.ArgumentTypeError as e:
+            raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
+    prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
+    if not prefix.strip():
+        where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
+        raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
     opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, rerun=tuple(ns.rerun),
-                   downstream=ns.downstream, only=tuple(ns.only), prefix=ns.prefix, ray_address=ns.ray_address,
-                   max_concurrent=ns.max_concurrent, lease_ttl=ns.lease_ttl, live_page=ns.live_page,
+                   downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
+                   max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
                    verbose=ns.verbose, overrides=rest)
     return opts, parser, ns.help
 
@@ -93,15 +135,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts, parser, want_help = parse(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    except VoyageError as e:
+        _error(e)
+        return 2
     _setup_logging(opts.verbose)
     try:
         return _main(opts, parser, want_help)
     except VoyageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        _error(e)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(e: Exception) -> None:
+    """One line on stderr, whatever it holds (a lone surrogate from a command line included)."""
+    line = " ".join(str(e).split("\n"))
+    print(f"{PROG}: error: {line}".encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
 
 
 def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> int:
@@ -121,25 +172,17 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     config = _parse_config(vf, opts.overrides)
     steps = voyage_mod.build_steps(vf, config)
 
-    from executor.dag import build_dag
-    from executor.lease import Leases
-    from executor.plan import Selection, make_plan
-    from executor.store import Store
+    from executor import api
+    from executor.plan import Selection
 
-    dag = build_dag(steps)
-    if opts.explain and opts.explain not in dag.by_name:
+    # Planning reads and writes nothing under the prefix but status reads: a bad step name,
+    # selection or setting is found here, before anything is written.
+    plan = api.plan_steps(steps, opts.prefix, Selection(rerun=opts.rerun, downstream=opts.downstream,
+                                                         only=opts.only), lease_ttl=opts.lease_ttl)
+    if opts.explain:
         from executor.explain import check_name
 
-        check_name(dag.by_name, opts.explain)
-    store = Store(opts.prefix)
-    looking = opts.dry_run or opts.viz or opts.explain  # these run nothing and write nothing under the prefix
-    if not looking:
-        try:
-            store.check_writable()
-        except Exception as e:
-            raise VoyageError(f"prefix {opts.prefix!r} cannot be written: {type(e).__name__}: {e}") from None
-    leases = Leases(store, ttl=opts.lease_ttl)
-    plan = make_plan(dag, store, Selection(rerun=opts.rerun, downstream=opts.downstream, only=opts.only), leases)
+        check_name(plan.dag.by_name, opts.explain)
 
     from executor import report
 
@@ -158,10 +201,10 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         _print_voyage_summary(vf, config)
         return 0
 
-    return _run(opts, vf, plan, leases)
+    return _run(opts, vf, plan)
 
 
-def _run(opts: Options, vf: VoyageFile, plan: Plan, leases: Leases) -> int:
+def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
     from executor import report
     from executor.api import run_plan
 
@@ -169,15 +212,10 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan, leases: Leases) -> int:
     if not plan.to_run():
         print("nothing to run: every selected step is cached")
         return 0
-    page = None
-    if opts.live_page:
-        from executor.live import open_page
-
-        page = open_page(plan, vf.name, leases.owner.run_id)
-        if page is not None:
-            print(f"voyage page: {page.url}", flush=True)
-    summary = run_plan(plan, leases, opts.ray_address, opts.max_concurrent, pickle_by_value=[vf.module], page=page)
-    report.print_summary(summary, plan, sys.stdout, page=page.url if page is not None else None)
+    summary = run_plan(plan, ray_address=opts.ray_address, max_concurrent=opts.max_concurrent,
+                       pickle_by_value=[vf.module], voyage=vf.name if opts.live_page else None,
+                       on_page=lambda url: print(f"voyage page: {url}", flush=True))
+    report.print_summary(summary, plan, sys.stdout, page=summary.page)
     return summary.exit_code
 
 
@@ -240,16 +278,32 @@ def _parse_config(vf: VoyageFile, overrides: list[str]) -> object:
     from draccus.utils import DraccusException
 
     overrides = _bare_bool_flags(config_class, overrides)
+    _refuse_bad_unicode(overrides)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             return draccus.parse(config_class=config_class, args=overrides, prog=f"{PROG} {vf.path}")
     except DraccusException as e:
         raise VoyageError(f"config: {e}") from None
+    except (ValueError, TypeError) as e:  # what draccus's decoders raise for a value they cannot read
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise VoyageError(f"config: {first} (see {PROG} {vf.path} --help)") from None
     except SystemExit:
         last = [line for line in err.getvalue().splitlines() if line.strip()]
         msg = last[-1].split("error: ", 1)[-1] if last else "bad arguments"
         raise VoyageError(f"{msg} (see {PROG} {vf.path} --help)") from None
+
+
+def _refuse_bad_unicode(args: list[str]) -> None:
+    """A lone surrogate (bytes of another encoding in a command line, read as text) has no
+    identity: one line naming the flag."""
+    for i, arg in enumerate(args):
+        try:
+            arg.encode()
+        except UnicodeEncodeError as e:
+            flag = arg if arg.startswith("--") else (args[i - 1] if i and args[i - 1].startswith("--") else "argument")
+            raise VoyageError(f"{flag}: {arg!r} is not valid Unicode (a lone surrogate at position {e.start}: bytes of "
+                              "another encoding; set a UTF-8 locale or pass the text in UTF-8)") from None
 
 
 def _bare_bool_flags(config_class: type, args: list[str]) -> list[str]:

@@ -1,9 +1,10 @@
 """What a running step sees: `StepContext`.
 
 Step functions receive `(config, ctx)`. The config has every `output_of(...)`/`this_output(...)`
-already replaced by a URL. `ctx` gives the output folder on its fsspec store, a logger, a progress
-reporter, a way to fan work out over the cluster (`ctx.map`) without importing Ray, and `results`,
-a small dict that ends up in the step's record.
+already replaced by a URL. `ctx` gives the output folder on its fsspec store (`ctx.open` writes
+and reads there), its inputs (`ctx.open_input` reads a config's input URL, or a file inside it),
+a logger, a progress reporter, a way to fan work out over the cluster (`ctx.map`) without
+importing Ray, and `results`, a small dict that ends up in the step's record.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 
+from executor.errors import VoyageError
 from executor.step import Resources
 from executor.store import url_to_fs
 
@@ -59,7 +61,21 @@ class StepContext:
         return self.fs.open(self.fs_path(relpath), mode, **kwargs)
 
     def exists(self, relpath: str) -> bool:
+        """Whether a file or folder exists inside the output folder."""
         return self.fs.exists(self.fs_path(relpath))
+
+    def open_input(self, url: str, relpath: str = "", mode: str = "rb", **kwargs: Any) -> Any:
+        """Open an input for reading: `url` is a config field that held `output_of(...)` (a file,
+        or a folder with `relpath` inside it), on whatever store it lives. Inputs are read-only.
+
+        The executor checks each input's status before the step starts and again before it is
+        marked done, so a step whose input is rerun meanwhile never succeeds from a half-read one."""
+        if any(m in mode for m in "wax+"):
+            raise VoyageError(f"ctx.open_input({url!r}, mode={mode!r}): inputs are read-only; write under the "
+                              "step's own output with ctx.open")
+        target = "/".join([url.rstrip("/"), relpath.strip("/")]) if relpath else url
+        fs, path = url_to_fs(target)
+        return fs.open(path, mode, **kwargs)
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], resources: Resources | None = None) -> list:
         """`[fn(x) for x in items]`, spread over the cluster as one task per item when running

@@ -8,15 +8,16 @@ Digests are computed here, dependencies first (Merkle), each exactly once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from executor.errors import VoyageError
-from executor.identity import code_fingerprint, step_digest
-from executor.step import InputRef, OwnOutput, Step
+from executor.errors import IdentityError, VoyageError
+from executor.fingerprint import Fingerprint, code_fingerprint
+from executor.identity import step_digest
+from executor.refs import input_refs
+from executor.step import InputRef, Step
 
 T = TypeVar("T")
 
@@ -49,7 +50,7 @@ class Dag:
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
-        self._fingerprints: dict[int, str] = {}
+        self._fingerprints: dict[tuple[int, type], Fingerprint] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -60,12 +61,13 @@ class Dag:
     def __getitem__(self, name: str) -> Node:
         return self.by_name[name]
 
-    def fingerprint(self, node: Node) -> str:
-        """Code fingerprint of a node's step function (computed once per step type)."""
-        key = id(node.step.type)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = code_fingerprint(node.step.type.fn)
-        return self._fingerprints[key]
+    def fingerprint(self, node: Node) -> Fingerprint:
+        """Code fingerprint of a node's step function and config class (once per such pair)."""
+        key = (id(node.step.type), type(node.step.config))
+        found = self._fingerprints.get(key)
+        if found is None:
+            found = self._fingerprints[key] = code_fingerprint(node.step.type.fn, type(node.step.config))
+        return found
 
     def upstream(self, names: Iterable[str]) -> set[str]:
         """The named steps and every step they depend on, transitively."""
@@ -87,40 +89,9 @@ class Dag:
         return out
 
 
-_SCALARS = (str, int, float, bool, type(None), OwnOutput, bytes)
-
-
 def iter_refs(value: Any) -> Iterator[InputRef]:
-    """Every InputRef anywhere inside a config value."""
-    out: list[InputRef] = []
-    _collect_refs(value, out)
-    return iter(out)
-
-
-def _collect_refs(value: Any, out: list[InputRef]) -> None:
-    if isinstance(value, _SCALARS):
-        return
-    if isinstance(value, InputRef):
-        out.append(value)
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        for v in value:
-            _collect_refs(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect_refs(v, out)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for name in _field_names(type(value)):
-            _collect_refs(getattr(value, name), out)
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+    """Every InputRef anywhere inside a config value (executor.refs says where they may stand)."""
+    return iter(input_refs(value))
 
 
 def gc_paused(fn: Callable[..., T]) -> Callable[..., T]:
@@ -147,6 +118,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
     pending = list(steps)[::-1]  # popped from the end: visit in the order given
     seen_objects: set[int] = set()
     duplicates: list[Step] = []  # same name, another object: must have the same digest
+    types: dict[str, Step] = {}  # step type name -> the first step of that type
     while pending:
         s = pending.pop()
         if not isinstance(s, Step):
@@ -162,14 +134,19 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                               f"and {s.origin} ({s.type.key})")
         else:
             duplicates.append(s)
-        for ref in iter_refs(s.config):
+        _check_type_name(types, s)
+        try:
+            found = input_refs(s.config)
+        except IdentityError as e:
+            raise IdentityError(f"step {s.name!r} ({s.origin}): {e}") from None
+        for ref in found:
             if isinstance(ref.step, Step):
                 pending.append(ref.step)
 
     nodes: dict[str, Node] = {name: Node(step) for name, step in by_name.items()}
     for node in nodes.values():
         dep_names: list[str] = []
-        for ref in iter_refs(node.step.config):
+        for ref in input_refs(node.step.config):
             target = ref.step_name
             if target not in nodes:
                 raise VoyageError(f"step {node.name!r} ({node.step.origin}) refers to unknown step {target!r}")
@@ -181,7 +158,10 @@ def build_dag(steps: Iterable[Step]) -> Dag:
 
     order = _toposort(list(nodes.values()))
     for node in order:
-        node.digest = step_digest(node.step.type, node.step.config, lambda ref: nodes[ref.step_name].digest)
+        try:
+            node.digest = step_digest(node.step.type, node.step.config, lambda ref: nodes[ref.step_name].digest)
+        except IdentityError as e:
+            raise IdentityError(f"step {node.name!r} ({node.step.origin}): {e}") from None
     for other in duplicates:
         kept = nodes[other.name]
         digest = step_digest(other.type, other.config, lambda ref: nodes[ref.step_name].digest)
@@ -190,6 +170,23 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                 f"two different steps are named {other.name!r}: {kept.step.origin} and {other.origin} "
                 f"(digests {kept.digest[:10]} and {digest[:10]})")
     return Dag(order)
+
+
+def _check_type_name(types: dict[str, Step], step: Step) -> None:
+    """Two step types of one name (say, a module's `tokenize` and another's) would share every
+    digest: an error naming both modules, whatever the registry kept."""
+    first = types.setdefault(step.type.name, step)
+    if first.type is step.type or _file_of(first.type.fn) == _file_of(step.type.fn):
+        return  # one definition loaded twice
+    a, b = first.type.fn, step.type.fn
+    raise VoyageError(f"two step types are named {step.type.name!r}: {a.__module__}.{a.__qualname__} "
+                      f"(step {first.name!r}) and {b.__module__}.{b.__qualname__} (step {step.name!r}); "
+                      f"they would share every digest: give one another name (@step_type(..., name=...))")
+
+
+def _file_of(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    return code.co_filename if code is not None else repr(fn)
 
 
 def _toposort(nodes: list[Node]) -> list[Node]:

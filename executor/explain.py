@@ -26,6 +26,7 @@ from executor.errors import VoyageError
 from executor.identity import SCHEME, diff, plain
 from executor.plan import Plan
 from executor.report import console_for, emit
+from executor.state import StepState
 from executor.store import Record
 from executor.viz.style import RICH
 
@@ -57,7 +58,7 @@ def explain(plan: Plan, name: str, out: TextIO) -> None:
     con.print(f"  path     {plan.store.url(node.dirname)}")
     con.print(f"  runs on  {node.step.resources.describe()}")
     for s in d.stale_inputs:
-        con.print(Text(f"  stale    input {s.name} output {s.recorded[:16]} -> {s.current[:16]}", style=RICH["STALE"]))
+        con.print(Text(f"  stale    input {s.name} output {s.recorded[:16]} -> {s.current[:16]}", style=RICH[StepState.STALE]))
 
     con.print()
     con.print(Text("digest tree", style="bold") +

@@ -4,42 +4,48 @@ The encoding is canonical, typed and strict (DESIGN.md, identity rules 1-6):
 - every value carries a type tag; floats are encoded by their exact value (`float.hex`), NaN is
   refused; dict keys are sorted by their own encoding; a type we do not know is an error naming
   the field path, never a `str()` fallback (memory addresses once leaked into Marin's hashes);
+- one meaning, one encoding: -0.0 is 0.0; an int in a field declared float is that float (and
+  one no float can hold exactly is refused); a whole float in a field declared int is that int (a
+  fractional one is refused); a path is its string; a named tuple is its type and fields, not a
+  plain tuple; a sub-path inside an output has one spelling (executor.step.clean_subpath);
 - dataclass fields declared run-only, and fields equal to their declared default, are left out,
   so adding a knob with a default re-addresses nothing;
 - a reference to another step contributes that step's digest, never its path, so the prefix,
-  bucket or region never enters identity;
+  bucket or region never enters identity; a reference in a set or as a dict key is refused
+  (executor.refs: one rule for the digest, the DAG and the resolver);
 - the step type's name and version and a scheme salt are mixed into every digest.
 
-The step function's code fingerprint (normalized AST of the function and the project-local
-helpers it calls) is *recorded* next to the digest, not keyed, so the plan can say "code drifted"
-without forking a new output on every edit.
+The step function's code fingerprint (executor.fingerprint) is *recorded* next to the digest,
+not keyed, so the plan can say "code drifted" without forking a new output on every edit.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
 import hashlib
-import inspect
 import json
 import math
 import pathlib
-import sys
-import sysconfig
-import textwrap
 import types
+import typing
 from typing import Any, Callable
 
+from executor import refs
 from executor.errors import IdentityError
+from executor.fingerprint import Fingerprint, code_fingerprint  # noqa: F401  (re-exported)
 from executor.step import InputRef, OwnOutput, StepType
 
 SCHEME = "marin-voyage/identity/1"
 
 DigestOf = Callable[[InputRef], str]
 
+# What a field's declared type says about its values, for normalizing them: a float field, an
+# int field, a sequence or a mapping of such, or nothing (None: values encode as they are).
+Kind = Any
 
-def encode(value: Any, digest_of: DigestOf, path: str = "config") -> Any:
+
+def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = None) -> Any:
     """The canonical, JSON-serializable, type-tagged encoding of a config value."""
     if value is None:
         return ["none"]
@@ -48,31 +54,46 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config") -> Any:
     if isinstance(value, enum.Enum):
         return ["enum", type(value).__qualname__, encode(value.value, digest_of, path)]
     if isinstance(value, int):
+        if kind == "float":
+            return ["float", _exact_float(value, path).hex()]
         return ["int", str(value)]
     if isinstance(value, float):
         if math.isnan(value):
             raise IdentityError(f"{path}: NaN has no identity (it is not equal to itself)")
-        return ["float", value.hex()]
+        if kind == "int":
+            if not value.is_integer():
+                raise IdentityError(f"{path}: {value!r} in a field declared int")
+            return ["int", str(int(value))]
+        return ["float", (value + 0.0).hex()]  # -0.0 + 0.0 is 0.0
     if isinstance(value, str):
         return ["str", value]
     if isinstance(value, bytes):
         return ["bytes", value.hex()]
     if isinstance(value, pathlib.PurePath):
-        return ["path", value.as_posix()]
+        return ["str", value.as_posix()]  # a path means its string
     if isinstance(value, InputRef):
         return ["ref", digest_of(value), value.subpath]
     if isinstance(value, OwnOutput):
         return ["own", value.subpath]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return ["dc", type(value).__qualname__, _encode_fields(value, digest_of, path)]
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        names = type(value)._fields
+        return ["ntuple", type(value).__qualname__,
+                [[n, encode(v, digest_of, f"{path}.{n}")] for n, v in zip(names, value)]]
     if isinstance(value, (list, tuple)):
         # list and tuple encode alike: draccus and JSON round-trips turn one into the other.
-        return ["seq", [encode(v, digest_of, f"{path}[{i}]") for i, v in enumerate(value)]]
+        item = kind[1] if isinstance(kind, tuple) and kind[0] == "seq" else None
+        return ["seq", [encode(v, digest_of, f"{path}[{i}]", item) for i, v in enumerate(value)]]
     if isinstance(value, (set, frozenset)):
+        refs.refuse_misplaced(value, path)
         items = [encode(v, digest_of, f"{path}{{}}") for v in value]
         return ["set", sorted(items, key=_canonical)]
     if isinstance(value, dict):
-        pairs = [(encode(k, digest_of, f"{path}.<key>"), encode(v, digest_of, f"{path}[{k!r}]"))
+        if not all(isinstance(k, (str, int)) for k in value):
+            refs.refuse_misplaced({k: None for k in value}, path)  # a reference is no key
+        item = kind[1] if isinstance(kind, tuple) and kind[0] == "map" else None
+        pairs = [(encode(k, digest_of, f"{path}.<key>"), encode(v, digest_of, f"{path}[{k!r}]", item))
                  for k, v in value.items()]
         return ["dict", sorted(pairs, key=lambda kv: _canonical(kv[0]))]
     raise IdentityError(
@@ -80,11 +101,21 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config") -> Any:
         "use plain values, dataclasses, enums, lists, dicts or output_of(...)")
 
 
+def _exact_float(value: int, path: str) -> float:
+    try:
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if as_float != value:
+        raise IdentityError(f"{path}: {value} in a field declared float has no exact float value")
+    return as_float
+
+
 def _encode_fields(obj: Any, digest_of: DigestOf, path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, default_enc in _field_plan(type(obj), digest_of):
+    for name, default_enc, kind in _field_plan(type(obj), digest_of):
         fpath = f"{path}.{name}"
-        enc = encode(getattr(obj, name), digest_of, fpath)
+        enc = encode(getattr(obj, name), digest_of, fpath, kind)
         # Encodings are plain lists/strings/bools, so == is exact (1, 1.0 and True differ by tag).
         if default_enc is not _NO_DEFAULT and enc == default_enc:
             continue
@@ -93,27 +124,90 @@ def _encode_fields(obj: Any, digest_of: DigestOf, path: str) -> dict[str, Any]:
 
 
 _NO_DEFAULT = object()
-_FIELD_PLANS: dict[type, list[tuple[str, Any]]] = {}
+_FIELD_PLANS: dict[type, list[tuple[str, Any, Kind]]] = {}
 
 
-def _field_plan(cls: type, digest_of: DigestOf) -> list[tuple[str, Any]]:
-    """(name, encoding of its default) for the identity fields of a dataclass type, once per type."""
+def _field_plan(cls: type, digest_of: DigestOf) -> list[tuple[str, Any, Kind]]:
+    """(name, encoding of its default, declared kind) for the identity fields of a dataclass
+    type, once per type."""
     plan = _FIELD_PLANS.get(cls)
     if plan is None:
         plan = []
+        hints = _type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.metadata.get("run_only") or not f.init:
                 continue
+            kind = _kind(hints.get(f.name, f.type))
             default = _default_of(f)
             default_enc: Any = _NO_DEFAULT
             if default is not dataclasses.MISSING:
                 try:
-                    default_enc = encode(default, digest_of, f"{cls.__qualname__}.{f.name}")
+                    default_enc = encode(default, digest_of, f"{cls.__qualname__}.{f.name}", kind)
                 except Exception:  # a default that cannot be encoded is never "equal to default"
                     default_enc = _NO_DEFAULT
-            plan.append((f.name, default_enc))
+            plan.append((f.name, default_enc, kind))
         _FIELD_PLANS[cls] = plan
     return plan
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not evaluate here: read its text instead
+        return {}
+
+
+_NONE = type(None)
+
+
+def _kind(hint: Any) -> Kind:
+    """float, int, ("seq", kind), ("map", kind) or None, from a declared type (or its text)."""
+    if isinstance(hint, str):
+        return _kind_of_text(hint.replace(" ", ""))
+    if hint is float:
+        return "float"
+    if hint is int:
+        return "int"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = {_kind(a) for a in args if a is not _NONE}
+        return kinds.pop() if len(kinds) == 1 else None  # `int | float` says nothing
+    if origin in (tuple, list, typing.Sequence, _abc_sequence()):
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return None
+        return ("seq", _kind(args[0])) if args and _kind(args[0]) else None
+    if origin in (dict, typing.Mapping, _abc_mapping()):
+        return ("map", _kind(args[1])) if len(args) == 2 and _kind(args[1]) else None
+    return None
+
+
+def _kind_of_text(text: str) -> Kind:
+    for none in ("|None", "None|"):
+        text = text.replace(none, "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1]
+    if text in ("float", "int"):
+        return text
+    for head, tail in (("tuple[", ",...]"), ("list[", "]"), ("Sequence[", "]")):
+        if text.startswith(head) and text.endswith(tail):
+            inner = _kind_of_text(text[len(head):-len(tail)])
+            return ("seq", inner) if inner else None
+    if text.startswith("dict[str,") and text.endswith("]"):
+        inner = _kind_of_text(text[len("dict[str,"):-1])
+        return ("map", inner) if inner else None
+    return None
+
+
+def _abc_sequence() -> Any:
+    import collections.abc
+
+    return collections.abc.Sequence
+
+
+def _abc_mapping() -> Any:
+    import collections.abc
+
+    return collections.abc.Mapping
 
 
 def _default_of(f: dataclasses.Field) -> Any:
@@ -131,7 +225,36 @@ def _canonical(enc: Any) -> str:
 def step_digest(step_type: StepType, config: Any, digest_of: DigestOf) -> str:
     """The full sha256 recipe digest of a step (hex)."""
     body = ["step", SCHEME, step_type.name, step_type.version, encode(config, digest_of)]
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
+    try:
+        data = _canonical(body).encode()
+    except UnicodeEncodeError:  # a lone surrogate: bytes of another encoding, read as text
+        raise IdentityError(_bad_unicode(config, "config") or "a string of the config is not valid Unicode") from None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bad_unicode(value: Any, path: str) -> str | None:
+    """The first string of a config that is not valid Unicode, named by its field path."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError as e:
+            return (f"{path}: {value!r} is not valid Unicode (a lone surrogate at position {e.start}: bytes of "
+                    "another encoding read as text, as a command line in a non-UTF-8 locale gives)")
+        return None
+    items: Any = ()
+    if isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = [(f"{path}.<key>", k) for k in value] + [(f"{path}[{k!r}]", v) for k, v in value.items()]
+    elif isinstance(value, (set, frozenset)):
+        items = ((f"{path}{{}}", v) for v in value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f"{path}.{n}", getattr(value, n)) for n in refs.field_names(type(value)))
+    for p, v in items:
+        found = _bad_unicode(v, p)
+        if found:
+            return found
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,110 +318,3 @@ def _short(v: Any) -> str:
         return "(absent)"
     text = json.dumps(v, sort_keys=True, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# ---------------------------------------------------------------------------------------------
-# Code fingerprint: recorded, compared, never keyed.
-
-_NON_PROJECT = tuple(
-    str(pathlib.Path(p).resolve())
-    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    | {sys.prefix, sys.base_prefix, sys.exec_prefix}
-)
-
-
-def _is_project_code(obj: Any) -> bool:
-    module = sys.modules.get(getattr(obj, "__module__", "") or "")
-    file = getattr(module, "__file__", None)
-    if not file:
-        return False
-    resolved = str(pathlib.Path(file).resolve())
-    return not resolved.startswith(_NON_PROJECT)
-
-
-class _Normalize(ast.NodeTransformer):
-    """Drop what does not change behaviour: docstrings and type annotations."""
-
-    def _strip_doc(self, node: Any) -> Any:
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-        return node
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
-        node.returns = None
-        node.decorator_list = []
-        self.generic_visit(node)
-        return self._strip_doc(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> Any:
-        self.generic_visit(node)
-        return self._strip_doc(node)
-
-    def visit_arg(self, node: ast.arg) -> Any:
-        node.annotation = None
-        return node
-
-
-def _source_ast(obj: Any) -> ast.AST | None:
-    try:
-        src = textwrap.dedent(inspect.getsource(obj))
-    except (OSError, TypeError):
-        return None
-    try:
-        return _Normalize().visit(ast.parse(src))
-    except SyntaxError:
-        return None
-
-
-def code_fingerprint(fn: Callable[..., Any]) -> str:
-    """sha256 over the normalized AST of `fn` and the project-local functions/classes it uses."""
-    seen: dict[str, str] = {}
-    stack: list[Any] = [inspect.unwrap(fn)]
-    while stack:
-        obj = stack.pop()
-        key = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-        if key in seen:
-            continue
-        tree = _source_ast(obj)
-        seen[key] = ast.dump(tree, annotate_fields=False) if tree is not None else "<no source>"
-        if tree is None:
-            continue
-        namespace = getattr(obj, "__globals__", None)
-        if namespace is None:
-            namespace = vars(sys.modules.get(obj.__module__, types.ModuleType("_")))
-        for name in _loaded_names(tree):
-            target = _resolve(name, namespace)
-            if target is not None and _is_project_code(target):
-                stack.append(target)
-    digest = hashlib.sha256()
-    for key in sorted(seen):
-        digest.update(key.encode() + b"\0" + seen[key].encode() + b"\0")
-    return digest.hexdigest()
-
-
-def _loaded_names(tree: ast.AST) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            names.add(f"{node.value.id}.{node.attr}")
-    return names
-
-
-def _resolve(dotted: str, namespace: dict[str, Any]) -> Any:
-    head, _, attr = dotted.partition(".")
-    obj = namespace.get(head)
-    if attr:
-        if not isinstance(obj, types.ModuleType):
-            return None
-        obj = getattr(obj, attr, None)
-    if isinstance(obj, StepType):
-        obj = obj.fn
-    if isinstance(obj, (types.FunctionType, type)):
-        return obj
-    return None

@@ -25,6 +25,7 @@ from typing import Any
 
 from executor.plan import Plan
 from executor.runner import Outcome, RunSummary
+from executor.state import StepState, initial
 from executor.store import RECORD, SUCCESS, temp_path
 from executor.viz import graph, html
 from executor.viz.metrics import MetricsReader
@@ -53,7 +54,7 @@ class LivePage:
         self._render_plan()
         self._index = {d.name: i for i, d in enumerate(plan.decisions)}
         self._dirnames = [d.node.dirname for d in plan.decisions]
-        self.rows: list[list[Any]] = [["PENDING" if d.will_run else d.state, 0, None, None, d.reason]
+        self.rows: list[list[Any]] = [[initial(d.state, d.will_run), 0, None, None, d.reason]
                                       for d in plan.decisions]
         self._tries = [0] * len(self.rows)
         self._running: set[int] = set()
@@ -81,7 +82,7 @@ class LivePage:
         if i is None:
             return
         with self._lock:
-            if outcome.state == "RUNNING":
+            if outcome.state == StepState.RUNNING:
                 self._tries[i] += 1
                 self._running.add(i)
             else:
@@ -157,7 +158,7 @@ class LivePage:
                         step["record"] = records[step["name"]]
                 self._render_plan()
                 dirty = True
-            finished = [i for i in sorted(polled) if self.rows[i][0] in ("SUCCESS", "FAILED")]
+            finished = [i for i in sorted(polled) if self.rows[i][0] in (StepState.SUCCESS, StepState.FAILED)]
             self._read_records(finished)
             curves_changed = self.metrics.poll_many([self._dirnames[i] for i in sorted(polled)])
             if dirty or curves_changed:

@@ -1,18 +1,25 @@
 """The plan: one decision per step, with a reason a person can read.
 
-States (DESIGN.md): CACHED, RUN (no output yet), RERUN (forced), STALE (an input's output changed
-since this output was made), RETRY (failed or interrupted before), WAITING (leased by a live
-executor), BLOCKED (a dependency failed; set while running), SKIPPED (not selected, or needed only
-by cached steps).
+Decisions are states of the one step state machine (executor.state): CACHED, RUN (no valid output
+yet), RERUN (forced), STALE (an input's output changed since this output was made), RETRY (failed
+or interrupted before), WAITING (leased by a live executor), SKIPPED (not selected, or needed
+only by cached steps); BLOCKED is set while running.
 
 Planning is one pass over the DAG in topological order with one status read per step (issued as
-one concurrent batch on remote stores), then one reverse pass that prunes what nothing needs: a
-missing step whose consumers are all cached does not run (Marin #6783). Reasons for new outputs
-come from diffing the config against the newest record of the same step name.
+one concurrent batch on remote stores), then one reverse pass that settles what runs:
+- a missing step whose consumers are all cached does not run (Marin #6783);
+- an input with no output never counts as up to date: a step that runs pulls in its inputs that
+  have no output (they run first, even if not selected), and a step recorded as made while an
+  input had no output is never CACHED (it runs again);
+- with `--rerun X --downstream`, what is downstream of X is selected like X itself.
+Reasons for new outputs come from diffing the config against the newest record of the same step
+name; a cached step whose code fingerprint differs from the one it was made with says which
+functions, classes, constants or defaults changed.
 """
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,13 +27,18 @@ from typing import Iterable
 
 from executor.dag import Dag, Node, gc_paused
 from executor.errors import VoyageError
+from executor.fingerprint import SCHEME as FINGERPRINT_SCHEME
+from executor.fingerprint import drift
 from executor.identity import diff, plain
 from executor.lease import LeaseInfo, Leases
-from executor.store import FAILED, RUNNING, SUCCESS, Record, Status, Store
+from executor.state import PLAN_ORDER, StepState
+from executor.store import STATUS, Record, Status, Store
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
-    "CACHED", "RUN", "RERUN", "STALE", "RETRY", "WAITING", "BLOCKED", "SKIPPED")
-STATES = (RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, CACHED, SKIPPED)
+    StepState.CACHED, StepState.RUN, StepState.RERUN, StepState.STALE, StepState.RETRY, StepState.WAITING,
+    StepState.BLOCKED, StepState.SKIPPED)
+SUCCESS, RUNNING, FAILED = StepState.SUCCESS, StepState.RUNNING, StepState.FAILED
+STATES = PLAN_ORDER
 
 
 @dataclass
@@ -50,7 +62,7 @@ class StaleInput:
 @dataclass
 class Decision:
     node: Node
-    state: str
+    state: StepState
     reason: str
     will_run: bool = False
     status: Status | None = None
@@ -58,6 +70,13 @@ class Decision:
     conditional_on: tuple[str, ...] = ()  # runs only if these forced steps change their output
     code_drift: bool = False
     stale_inputs: tuple[StaleInput, ...] = ()  # STALE: which inputs changed, and from what to what
+    fresh: bool = False  # starts from an empty folder even if its type is resumable
+    unselected: tuple[StepState, str] | None = None  # SKIPPED as not selected: what it would have been
+
+    @property
+    def has_output(self) -> bool:
+        """Whether the folder holds a finished output now (SUCCESS)."""
+        return self.status is not None and self.status.state == SUCCESS
 
     @property
     def name(self) -> str:
@@ -70,6 +89,7 @@ class Plan:
     store: Store
     decisions: list[Decision] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
+    leases: Leases | None = None  # this executor's, when the plan may be run
 
     def __post_init__(self) -> None:
         self.by_name = {d.name: d for d in self.decisions}
@@ -114,7 +134,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
                 f"{status.digest[:16]}..., not {node.digest[:16]}... (a 10-hex-digit prefix collision)")
         done = status is not None and status.state == SUCCESS
         if node.name in forced:
-            d = Decision(node, RERUN, "forced by --rerun", will_run=True, status=status)
+            d = Decision(node, RERUN, "forced by --rerun", will_run=True, status=status, fresh=True)
         elif done:
             d = _decide_done(node, status, statuses, forced, downstream_of_forced, sel)
         elif status is not None and status.state == RUNNING and leases is not None and \
@@ -131,6 +151,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             d = Decision(node, RUN, "", will_run=True, status=status)
         if wanted is not None and node.name not in wanted:
             if d.will_run or d.state == STALE:
+                d.unselected = (d.state, d.reason)
                 d.state, d.will_run = SKIPPED, False
                 d.reason = "not selected" + (f" (would be {d.reason})" if d.reason else "")
         if sel.downstream and d.state == CACHED and (wanted is None or node.name in wanted):
@@ -140,26 +161,41 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
                 d.reason = f"downstream of {', '.join(changing)}: runs only if their outputs change"
         decisions[node.name] = d
 
-    _prune(dag, decisions, sel)
-    _note_code_drift(dag, decisions)
+    targets = set(sel.only) | forced | (downstream_of_forced if sel.downstream else set())
+    _settle(dag, decisions, targets)
+    _note_code_drift(dag, decisions, store)
     if explain_new:
+        listings: dict[str, set[str]] = {}
         for d in decisions.values():
             if d.state == RUN and not d.reason:
-                d.reason = _why_new(d.node, store, dag)
-    return Plan(dag, store, [decisions[n.name] for n in dag])
+                d.reason = _corrupt_status(store, d.node.dirname, listings) or _why_new(d.node, store, dag)
+    return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases)
+
+
+def recorded_input(status: Status, dep: Node) -> tuple[bool, str | None]:
+    """(whether `status` recorded input `dep`, the output digest it recorded for it): by name, or
+    by digest in a status written before inputs were keyed by name."""
+    key = dep.name if status.inputs_by == "name" else dep.digest
+    return key in status.inputs, status.inputs.get(key)
 
 
 def _decide_done(node: Node, status: Status, statuses: dict[str, Status | None], forced: set[str],
                  downstream_of_forced: set[str], sel: Selection) -> Decision:
     changed: list[str] = []
     stale: list[StaleInput] = []
+    without: list[str] = []
     for dep in node.deps:
         dep_status = statuses[dep.dirname]
         now = dep_status.output_digest if dep_status is not None and dep_status.state == SUCCESS else None
-        then = status.inputs.get(dep.digest)
-        if now is not None and then is not None and now != then:
+        known, then = recorded_input(status, dep)
+        if then is None:  # made while this input had no output (or never recorded it)
+            without.append(dep.name)
+        elif now is not None and now != then:
             changed.append(f"input {dep.name} output changed {then[:10]} -> {now[:10]}")
             stale.append(StaleInput(dep.name, then, now))
+    if without:
+        return Decision(node, RUN, f"made while input {', '.join(without)} had no output: never up to date",
+                        will_run=True, status=status, fresh=True)
     if changed:
         run = sel.downstream
         hint = "" if run else " (run with --downstream, or --rerun it)"
@@ -172,31 +208,43 @@ def _decide_done(node: Node, status: Status, statuses: dict[str, Status | None],
     return Decision(node, CACHED, "cached", status=status)
 
 
-def _note_code_drift(dag: Dag, decisions: dict[str, Decision]) -> None:
-    """The fingerprint is recorded, not keyed: a drift is reported, never a new path."""
+def _note_code_drift(dag: Dag, decisions: dict[str, Decision], store: Store) -> None:
+    """The fingerprint is recorded, not keyed: a drift is reported, never a new path. What
+    changed is read from the record of one output per (step type, recorded fingerprint)."""
+    explained: dict[tuple[int, type, str], str] = {}
     for d in decisions.values():
-        if d.state == CACHED and d.status is not None and d.status.code:
-            now = dag.fingerprint(d.node)
-            if now != d.status.code:
-                d.code_drift = True
-                d.reason += (f"; code drifted since it was made (fingerprint {d.status.code[:8]} -> {now[:8]}; "
-                             f"bump the version of {d.node.step.type.name} if the output changes, or --rerun it)")
+        recorded = d.status.code if d.state == CACHED and d.status is not None else ""
+        if not recorded.startswith(FINGERPRINT_SCHEME + ":"):
+            continue  # none, or of an older fingerprint scheme: nothing comparable
+        now = dag.fingerprint(d.node)
+        if now.digest == recorded:
+            continue
+        key = (id(d.node.step.type), type(d.node.step.config), recorded)
+        if key not in explained:
+            record = store.read_record(d.node.dirname)
+            what = drift(record.code_parts, now.parts) if record is not None and record.code_parts else []
+            explained[key] = "; ".join(what) if what else f"fingerprint {recorded[4:12]} -> {now.digest[4:12]}"
+        d.code_drift = True
+        d.reason += (f"; code drifted since it was made ({explained[key]}; bump the version of "
+                     f"{d.node.step.type.name} if the output changes, or --rerun it)")
 
 
-def _prune(dag: Dag, decisions: dict[str, Decision], sel: Selection) -> None:
-    """Missing steps needed by nothing that runs are skipped; deps of what runs must be there."""
-    needed: set[str] = set()
-    targets = set(sel.only) | set(sel.rerun)
+def _settle(dag: Dag, decisions: dict[str, Decision], targets: set[str]) -> None:
+    """The reverse pass: a missing step needed by nothing that runs is skipped; an input with no
+    output of a step that runs is pulled in, even if not selected (never run without it)."""
     for node in reversed(dag.nodes):
         d = decisions[node.name]
-        consumers_run = any(decisions[c.name].will_run for c in node.consumers)
+        consumers = [c.name for c in node.consumers if decisions[c.name].will_run]
         is_target = node.name in targets or (not targets and not node.consumers)
-        if d.will_run and not (is_target or consumers_run or node.name in needed):
+        if d.will_run and not (is_target or consumers):
             if d.state in (RUN, RETRY, WAITING):
                 d.state, d.will_run = SKIPPED, False
                 d.reason = "needed only by cached steps" + (f" (would be {d.reason})" if d.reason else "")
-        if d.will_run:
-            needed.update(dep.name for dep in node.deps)
+        elif consumers and not d.will_run and not d.has_output and d.unselected is not None:
+            was, why = d.unselected
+            d.state, d.will_run, d.unselected = was, True, None
+            d.reason = f"needed by {', '.join(consumers[:3])}, which run{'s' if len(consumers) == 1 else ''}, " \
+                       f"and it has no output" + (f"; {why}" if why else "")
 
 
 def _why_new(node: Node, store: Store, dag: Dag) -> str:
@@ -216,6 +264,35 @@ def _why_new(node: Node, store: Store, dag: Dag) -> str:
     if not parts:
         return f"new digest {node.digest[:10]} (was {prev.digest[:10]}; identity scheme or defaults changed)"
     return "; ".join(parts)
+
+
+def _corrupt_status(store: Store, dirname: str, listings: dict[str, set[str]]) -> str:
+    """Why a folder whose status did not read as a status is not done: its `.status` is there but
+    corrupt (a truncated write, another tool), as opposed to a new step. One listing per parent
+    folder tells which folders exist at all."""
+    parent, _, leaf = store.path(dirname).rpartition("/")
+    if parent not in listings:
+        try:
+            listings[parent] = {posixpath.basename(p.rstrip("/")) for p in store.fs.ls(parent, detail=False)}
+        except (FileNotFoundError, NotADirectoryError):
+            listings[parent] = set()
+    if leaf not in listings[parent]:
+        return ""
+    path = store.path(dirname, STATUS)
+    try:
+        data = store.fs.cat_file(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "its folder exists without a .status (an attempt died before its first write): not done"
+    except OSError as e:
+        return f"its .status cannot be read ({type(e).__name__}: {e}): not done; runs again"
+    try:
+        Status.model_validate_json(data)
+        return ""
+    except ValueError as e:
+        first = str(e).splitlines()
+        detail = first[-1].strip() if not data.strip() else (first[2].strip() if len(first) > 2 else first[0])
+        what = "empty" if not data.strip() else f"not a status: {detail[:80]}"
+        return f"its .status is corrupt ({what}; {store.to_url(path)}): not done; runs again"
 
 
 def _closest(name: str, names: Iterable[str]) -> str:

@@ -20,11 +20,13 @@ from rich.text import Text
 
 from executor.plan import STATES, Decision, Plan
 from executor.runner import Outcome, RunSummary
+from executor.state import StepState
 from executor.viz.style import DESCRIPTIONS, RICH
 
 COLLAPSE_OVER = 40  # steps of one state before they are grouped by name prefix
 MAX_ROWS = 40  # rows per state once grouped (the grouping coarsens to get there)
-ORDER = (*STATES, "SUCCESS", "FAILED", "PENDING")
+ORDER = (*STATES, StepState.SUCCESS, StepState.FAILED, StepState.PENDING)
+S = StepState
 
 
 def console_for(out: TextIO) -> Console:
@@ -138,7 +140,7 @@ def _plan_table(plan: Plan, state: str, group: list[Decision], unplaceable: dict
             prefix = row.name[:-1]
             resources = _commonest((d.node.step.resources.describe() for d in ds), "resources")
             path = f"{base}{prefix}*"
-            reason = _commonest((d.reason for d in ds), "reasons") if state != "CACHED" else ""
+            reason = _commonest((d.reason for d in ds), "reasons") if state != S.CACHED else ""
             bad = [d for d in ds if d.name in unplaceable]
             reason_text = Text(reason)
             if bad:
@@ -165,7 +167,7 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
     con.print()
     con.print(Text(f"voyage finished in {summary.seconds:.1f}s: ") + _counts_text(counter))
     shown = [o for o in summary.outcomes.values()
-             if o.state in ("SUCCESS", "FAILED", "BLOCKED") or (o.state == "CACHED" and "cutoff" in o.reason)]
+             if o.state in (S.SUCCESS, S.FAILED, S.BLOCKED) or (o.state == S.CACHED and "cutoff" in o.reason)]
     by_state: dict[str, list[Outcome]] = defaultdict(list)
     for o in shown:
         by_state[o.state].append(o)
@@ -174,7 +176,7 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
     table.add_column("step", style="bold", no_wrap=True)
     table.add_column("time", justify="right")
     table.add_column("detail", overflow="fold")
-    for state in ("FAILED", "BLOCKED", "SUCCESS", "CACHED"):
+    for state in (S.FAILED, S.BLOCKED, S.SUCCESS, S.CACHED):
         outcomes = by_state.get(state, [])
         if not outcomes:
             continue
@@ -188,8 +190,8 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
                 table.add_row(Text(state, style=style), f"{row.name} x {len(os_):,}", f"{took:.1f}s", detail)
                 continue
             o = os_[0]
-            detail = o.error or (o.reason if o.state != "SUCCESS" else "")
-            if o.state == "FAILED":
+            detail = o.error or (o.reason if o.state != S.SUCCESS else "")
+            if o.state == S.FAILED:
                 detail = f"{detail}\nrecord: {plan.store.url(plan.dag[o.name].dirname)}/.step.json"
             table.add_row(Text(state, style=style), o.name, f"{o.seconds:.1f}s" if o.seconds is not None else "",
                           detail)
@@ -197,7 +199,7 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
         emit(con, table)
     if summary.stale_after:
         con.print(Text("now STALE (an input's output changed; --downstream reruns them): "
-                       + ", ".join(summary.stale_after), style=RICH["STALE"]))
+                       + ", ".join(summary.stale_after), style=RICH[S.STALE]))
     if page:
         con.print(f"voyage page: {page}")
     con.print(time.strftime("finished at %Y-%m-%d %H:%M:%S"))

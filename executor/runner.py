@@ -1,11 +1,12 @@
-"""Carrying out a plan: an explicit state machine per step, over any execution backend.
+"""Carrying out a plan: each step moves along the one state machine (executor.state), over any
+execution backend.
 
 Per step: PENDING -> (WAITING ->) RUNNING -> SUCCESS | FAILED, or CACHED (done meanwhile, or an
-early cutoff: its inputs' outputs did not change), or BLOCKED (a dependency failed). Failure
-policy is one choice: keep going, so a failure blocks its dependents only and every independent
-step still finishes. Before a step is sent to a worker the runner takes its lease, then reads
-its status again (another executor may have finished it), and keeps the lease alive from one
-heartbeat thread until the step returns.
+early cutoff: its inputs' outputs did not change), or BLOCKED (an input failed, or has no output:
+a step never runs without one). Failure policy is one choice: keep going, so a failure blocks its
+dependents only and every independent step still finishes. Before a step is sent to a worker the
+runner takes its lease, then reads its status again (another executor may have finished it), and
+keeps the lease alive from one heartbeat thread until the step returns.
 
 The backend (`executor.ray_backend.RayBackend` in practice) only submits tasks and waits for
 them; it is handed to the runner, which knows nothing of Ray.
@@ -20,13 +21,17 @@ from typing import Any, Callable, Protocol
 
 from executor.identity import SCHEME, plain
 from executor.lease import Heartbeat, LeaseInfo, Leases
-from executor.plan import CACHED, RERUN, Decision, Plan
-from executor.store import SUCCESS, InputInfo
-from executor.worker import TaskResult, TaskSpec, resolve
+from executor.plan import Decision, Plan, recorded_input
+from executor.refs import resolve
+from executor.state import Gate, StepState, blocked_reason, check_transition, gate, initial
+from executor.store import InputInfo
+from executor.worker import TaskResult, TaskSpec
 
 log = logging.getLogger("marin.runner")
 
-PENDING, WAITING, RUNNING, SUCCEEDED, FAILED, BLOCKED = "PENDING", "WAITING", "RUNNING", "SUCCESS", "FAILED", "BLOCKED"
+PENDING, WAITING, RUNNING, SUCCEEDED, FAILED, BLOCKED, CACHED, SUCCESS = (
+    StepState.PENDING, StepState.WAITING, StepState.RUNNING, StepState.SUCCESS, StepState.FAILED, StepState.BLOCKED,
+    StepState.CACHED, StepState.SUCCESS)
 
 
 class Backend(Protocol):
@@ -39,7 +44,7 @@ class Outcome:
     """What happened to one step in this run."""
 
     name: str
-    state: str
+    state: StepState
     reason: str = ""
     output_digest: str | None = None
     error: str | None = None
@@ -57,6 +62,7 @@ class RunSummary:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     stale_after: list[str] = field(default_factory=list)  # consumers made STALE by a changed rerun
     seconds: float = 0.0
+    page: str | None = None  # the URL of the run's live page, if it kept one
 
     @property
     def failed(self) -> list[Outcome]:
@@ -80,8 +86,11 @@ class _Waiting:
 class Runner:
     """Runs the steps a plan marks `will_run`, dependencies first, at most `max_concurrent` at once."""
 
-    def __init__(self, plan: Plan, backend: Backend, leases: Leases, max_concurrent: int = 16,
+    def __init__(self, plan: Plan, backend: Backend, leases: Leases | None = None, max_concurrent: int = 16,
                  poll: float = 0.2, on_change: Listener | None = None) -> None:
+        leases = leases or plan.leases
+        if leases is None:
+            raise ValueError("a plan made without leases cannot be run (plan it with executor.api.plan_steps)")
         self.plan, self.backend, self.leases = plan, backend, leases
         self.store = plan.store
         self.max_concurrent = max(1, max_concurrent)
@@ -95,7 +104,7 @@ class Runner:
         t0 = time.time()
         summary = RunSummary()
         for d in self.plan.decisions:
-            summary.outcomes[d.name] = Outcome(d.name, d.state if not d.will_run else PENDING, d.reason)
+            summary.outcomes[d.name] = Outcome(d.name, initial(d.state, d.will_run), d.reason)
         pending = [d for d in self.plan.decisions if d.will_run]
         inflight: dict[Any, tuple[Decision, TaskSpec, int]] = {}
         next_try: dict[str, float] = {}
@@ -106,13 +115,14 @@ class Runner:
                 for d in list(pending):
                     if len(inflight) >= self.max_concurrent:
                         break
-                    dep_states = [summary.outcomes[dep.name].state for dep in d.node.deps]
-                    if any(s in (FAILED, BLOCKED) for s in dep_states):
+                    inputs = [(dep.name, summary.outcomes[dep.name].state, self.outputs.get(dep.name) is not None)
+                                  for dep in d.node.deps]
+                    ready = gate((state, has) for _, state, has in inputs)
+                    if ready is Gate.BLOCK:
                         pending.remove(d)
-                        bad = [dep.name for dep in d.node.deps if summary.outcomes[dep.name].state in (FAILED, BLOCKED)]
-                        self._set(summary, d.name, BLOCKED, reason=f"dependency failed: {', '.join(bad)}")
+                        self._set(summary, d.name, BLOCKED, reason=blocked_reason(inputs))
                         continue
-                    if any(s in (PENDING, WAITING, RUNNING) for s in dep_states):
+                    if ready is Gate.WAIT:
                         continue
                     if next_try.get(d.name, 0.0) > now:
                         continue
@@ -132,7 +142,10 @@ class Runner:
                 for handle, result in self.backend.wait(list(inflight), timeout=self.poll):
                     d, task, attempt = inflight.pop(handle)
                     heartbeat.drop(d.node.dirname)
-                    if result.lease_lost:
+                    if result.blocked:  # an input had no output when the worker looked: nothing written
+                        self._set(summary, d.name, BLOCKED, reason=result.error or "an input has no output",
+                                  started=result.started, ended=result.ended)
+                    elif result.lease_lost:
                         # Another executor took the folder over; wait for it and take its result.
                         log.warning("step %s: %s; waiting for the new holder", d.name, result.error)
                         pending.insert(0, d)
@@ -156,7 +169,7 @@ class Runner:
     # -- one step ------------------------------------------------------------------------------
     def _start(self, d: Decision, summary: RunSummary, heartbeat: Heartbeat, tries: dict[str, int]) -> Any:
         node = d.node
-        forced = d.state == RERUN and tries.get(d.name, 0) == 0
+        forced = d.state == StepState.RERUN and tries.get(d.name, 0) == 0
         if not forced and self._done_with_same_inputs(d):
             self._set(summary, d.name, CACHED, reason=self._cutoff_reason(d))
             return None
@@ -176,7 +189,9 @@ class Runner:
             log.info("%s: took over the lease (token %d) to run it", d.name, lease.token)
         heartbeat.hold(node.dirname, lease)
         tries[d.name] = tries.get(d.name, 0) + 1
-        task = self._task(d, lease.token)
+        # A forced rerun (or an output made without its inputs) starts clean once; the retries
+        # of this run resume from what its first try made.
+        task = self._task(d, lease.token, fresh=d.fresh and tries[d.name] == 1)
         handle = self.backend.submit(task, tries[d.name])
         self._set(summary, d.name, RUNNING, started=time.time())
         return handle, task
@@ -191,43 +206,51 @@ class Runner:
         return every
 
     def _done_with_same_inputs(self, d: Decision) -> bool:
+        """Done, from the inputs whose outputs are there now. An input recorded without output, or
+        without output now, never counts as the same."""
         status = self.store.read_status(d.node.dirname)
         if status is None or status.state != SUCCESS:
             return False
-        if not all(status.inputs.get(dep.digest) == self.outputs.get(dep.name) for dep in d.node.deps):
-            return False
+        for dep in d.node.deps:
+            _, then = recorded_input(status, dep)
+            now = self.outputs.get(dep.name)
+            if then is None or now is None or then != now:
+                return False
         self.outputs[d.name] = status.output_digest
         return True
 
     def _cutoff_reason(self, d: Decision) -> str:
-        if d.conditional_on or d.state in ("STALE",):
+        if d.conditional_on or d.state == StepState.STALE:
             return "early cutoff: its inputs' outputs are unchanged"
         log.info("%s: done meanwhile by another executor; taking its result", d.name)
         return "done meanwhile by another executor"
 
-    def _task(self, d: Decision, token: int) -> TaskSpec:
+    def _task(self, d: Decision, token: int, fresh: bool = False) -> TaskSpec:
         node, store = d.node, self.store
         url_of = lambda name: store.url(self.plan.dag[name].dirname)  # noqa: E731
         own = store.url(node.dirname)
         inputs = [InputInfo(name=dep.name, digest=dep.digest, output_digest=self.outputs.get(dep.name),
                             path=store.url(dep.dirname)) for dep in node.deps]
+        fingerprint = self.plan.dag.fingerprint(node)
         return TaskSpec(
             name=node.name, step_type=node.step.type, config=resolve(node.step.config, url_of, own),
             plain_config=plain(node.step.config), prefix=store.prefix, dirname=node.dirname,
-            digest=node.digest, scheme=SCHEME, code_fingerprint=self.plan.dag.fingerprint(node),
+            digest=node.digest, scheme=SCHEME, code_fingerprint=fingerprint.digest, code_parts=fingerprint.parts,
             inputs=inputs, resources=node.step.resources, run_id=self.leases.owner.run_id, token=token,
-            lease_ttl=self.leases.ttl, max_node_failures=node.step.retry.max_node_failures, reason=f"{d.state}: {d.reason}")
+            lease_ttl=self.leases.ttl, max_node_failures=node.step.retry.max_node_failures,
+            reason=f"{d.state}: {d.reason}", fresh=fresh)
 
     def _note_stale(self, d: Decision, result: TaskResult, summary: RunSummary) -> None:
         before = d.status.output_digest if d.status is not None else None
-        if d.state != RERUN or before is None or before == result.output_digest:
+        if d.state != StepState.RERUN or before is None or before == result.output_digest:
             return
         for consumer in d.node.consumers:
             if not self.plan[consumer.name].will_run:
                 summary.stale_after.append(consumer.name)
 
-    def _set(self, summary: RunSummary, name: str, state: str, **changes: Any) -> None:
+    def _set(self, summary: RunSummary, name: str, state: StepState, **changes: Any) -> None:
         outcome = summary.outcomes[name]
+        check_transition(name, outcome.state, state)
         outcome.state = state
         for key, value in changes.items():
             setattr(outcome, key, value)

@@ -9,15 +9,19 @@ Step runs nothing and computes nothing; identity is computed when the DAG is bui
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from executor.errors import VoyageError
 
-# Names become folder names on every store: keep them to a portable alphabet.
+# Names become folder names on every store: keep them to a portable alphabet, with no segment
+# that aliases another folder (`x/./y` is `x/y`, `x/../y` is `y`, `x//y` is `x/y` on most stores).
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_ALIASING = frozenset({".", ".."})
 
 
 def run_only(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
@@ -99,13 +103,22 @@ class RetryPolicy:
 
 @dataclass(frozen=True, eq=False)
 class StepType:
-    """A registered step function with a name and an explicit version."""
+    """A registered step function with a name and an explicit version.
+
+    `logs` are glob patterns (relative to the output folder; `**` crosses folders) of the files
+    the step writes that are logs, not artifacts (W&B runs, timings): they are kept and listed in
+    the record but left out of the output digest, so an identical rerun cuts off downstream."""
 
     name: str
     version: str
     fn: Callable[..., Any]
     resumable: bool = False
     description: str = ""
+    logs: tuple[str, ...] = ()
+
+    def is_log(self, relpath: str) -> bool:
+        """Whether a file of the output (path relative to the folder) is one of its logs."""
+        return bool(self.logs) and _log_pattern(self.logs).match(relpath) is not None
 
     @property
     def key(self) -> str:
@@ -118,28 +131,95 @@ class StepType:
         return f"StepType({self.key})"
 
 
-_REGISTRY: dict[str, StepType] = {}
+_REGISTRY: dict[str, StepType] = {}  # by name: a name is one step type, whatever its version
 
 
-def step_type(version: str, name: str | None = None, *, resumable: bool = False) -> Callable[[Callable], StepType]:
+def step_type(version: str, name: str | None = None, *, resumable: bool = False,
+              logs: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], StepType]:
     """Register a function `(config, ctx) -> None` as a step type.
 
     `version` is required and enters every digest of this type: bump it when the function's
     output changes for the same config (a changed default included). `resumable` step types keep
-    their partial output between attempts (training resumes from checkpoints); others start
-    from an empty folder.
+    their partial output between attempts of one recipe and code (training resumes from
+    checkpoints; `--rerun` starts clean); others start from an empty folder. `logs` names the
+    files that are logs, not artifacts (e.g. `("wandb/**", "metrics.jsonl")`): they are kept but
+    not digested.
+
+    The name (default: the function's) is the step type's identity: a second definition of the
+    same name in another file, with other code, is an error naming both (they would share digests).
     """
     if not isinstance(version, str) or not version:
         raise TypeError("step_type(version=...) needs an explicit, non-empty string version")
+    if isinstance(logs, str) or not all(isinstance(p, str) and p and not p.startswith("/") for p in logs):
+        raise TypeError(f"step_type(logs=...) takes relative glob patterns, e.g. ('wandb/**',), got {logs!r}")
 
     def register(fn: Callable) -> StepType:
         type_name = name or fn.__name__
         st = StepType(name=type_name, version=version, fn=fn, resumable=resumable,
-                      description=(fn.__doc__ or "").strip().split("\n")[0])
-        _REGISTRY[st.key] = st
+                      description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs))
+        _check_unique(st)
+        _REGISTRY[type_name] = st
         return st
 
     return register
+
+
+def _check_unique(new: StepType) -> None:
+    """Two definitions of one step type name share every digest: refuse it unless they are the
+    same definition (one file loaded twice, or the same code in another module)."""
+    old = _REGISTRY.get(new.name)
+    if old is None or old.fn is new.fn:
+        return
+    old_where, new_where = _definition(old.fn), _definition(new.fn)
+    if old_where[0] == new_where[0] or (old_where[2] is not None and old_where[2] == new_where[2]):
+        return
+    raise VoyageError(
+        f"two step types are named {new.name!r}: {old.fn.__module__} ({old_where[1]}) and {new.fn.__module__} "
+        f"({new_where[1]}), with different code; they would share every digest: give one another name "
+        f"(@step_type(..., name=...))")
+
+
+def _definition(fn: Callable) -> tuple[str, str, str | None]:
+    """(file, file:line, source text or None) of a function."""
+    code = getattr(fn, "__code__", None)
+    file = code.co_filename if code is not None else "?"
+    line = code.co_firstlineno if code is not None else 0
+    try:
+        source: str | None = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        source = None
+    return file, f"{file}:{line}", source
+
+
+_LOG_PATTERNS: dict[tuple[str, ...], re.Pattern] = {}
+
+
+def _log_pattern(patterns: tuple[str, ...]) -> re.Pattern:
+    """One regex for glob patterns: `**` any path (crossing `/`), `*` and `?` within a name."""
+    rx = _LOG_PATTERNS.get(patterns)
+    if rx is None:
+        alternatives = []
+        for pattern in patterns:
+            out, i = [], 0
+            while i < len(pattern):
+                if pattern.startswith("**/", i):
+                    out.append("(?:.*/)?")
+                    i += 3
+                elif pattern.startswith("**", i):
+                    out.append(".*")
+                    i += 2
+                elif pattern[i] == "*":
+                    out.append("[^/]*")
+                    i += 1
+                elif pattern[i] == "?":
+                    out.append("[^/]")
+                    i += 1
+                else:
+                    out.append(re.escape(pattern[i]))
+                    i += 1
+            alternatives.append("".join(out))
+        rx = _LOG_PATTERNS[patterns] = re.compile("(?:" + "|".join(alternatives) + ")")
+    return rx
 
 
 @dataclass(frozen=True)
@@ -153,7 +233,7 @@ class InputRef:
     subpath: str = ""
 
     def __truediv__(self, more: str) -> "InputRef":
-        return InputRef(self.step, _join(self.subpath, more))
+        return InputRef(self.step, clean_subpath(_join(self.subpath, more)))
 
     @property
     def step_name(self) -> str:
@@ -167,14 +247,31 @@ class OwnOutput:
     subpath: str = ""
 
 
+# The type of a config field that holds another step's output: `output_of(...)` when the voyage
+# builds the step (so a type checker accepts it), the output's URL (a str) when the step runs.
+InputPath = str | InputRef
+
+
 def output_of(step: "Step | str", subpath: str = "") -> InputRef:
-    """A reference to `step`'s output (or `subpath` inside it), usable anywhere in a config."""
-    return InputRef(step, subpath.strip("/"))
+    """A reference to `step`'s output (or `subpath` inside it), usable in any config field,
+    list or tuple item (named tuples included) or dict value; never in a set or as a dict key."""
+    return InputRef(step, clean_subpath(subpath))
 
 
 def this_output(subpath: str = "") -> OwnOutput:
     """A reference to the running step's own output folder (or `subpath` inside it)."""
-    return OwnOutput(subpath.strip("/"))
+    return OwnOutput(clean_subpath(subpath))
+
+
+def clean_subpath(subpath: str) -> str:
+    """One spelling per path inside an output: `a//b`, `./a/b` and `/a/b/` are `a/b`; a `..`
+    segment, which would leave the output folder, is an error."""
+    if not isinstance(subpath, str):
+        raise VoyageError(f"a sub-path must be a string, got {type(subpath).__name__}: {subpath!r}")
+    parts = [p for p in subpath.split("/") if p and p != "."]
+    if ".." in parts:
+        raise VoyageError(f"sub-path {subpath!r}: a '..' segment leaves the step's output folder")
+    return "/".join(parts)
 
 
 def _join(a: str, b: str) -> str:
@@ -201,10 +298,10 @@ class Step:
     def __init__(self, name: str, type: StepType, config: Any, *, resources: Resources | None = None,
                  retry: RetryPolicy | None = None) -> None:
         origin = _caller_origin()
-        if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name.split("/"):
+        if not isinstance(name, str) or not _NAME_RE.match(name) or _ALIASING & set(name.split("/")):
             raise VoyageError(
                 f"{origin}: bad step name {name!r}: use letters, digits and . _ - / "
-                "(no leading '/', no '..' segment)")
+                "(no leading or trailing '/', no empty, '.' or '..' segment)")
         if not isinstance(type, StepType):
             raise VoyageError(f"{origin}: step {name!r}: {type!r} is not a step type "
                               "(decorate the function with @step_type)")

@@ -30,6 +30,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field, ValidationError
 
+from executor.state import StepState
+
 log = logging.getLogger("marin.store")
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
@@ -50,7 +52,8 @@ def temp_path(path: str) -> str:
     head, tail = posixpath.split(path)
     return posixpath.join(head, f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{tail}")
 
-RUNNING, SUCCESS, FAILED = "RUNNING", "SUCCESS", "FAILED"
+# The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
+RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
 
 
 class InputInfo(BaseModel):
@@ -83,6 +86,7 @@ class ManifestEntry(BaseModel):
     path: str
     size: int
     checksum: str
+    log: bool = False  # one of the step type's declared logs: listed, not in the output digest
 
 
 class Record(BaseModel):
@@ -97,6 +101,7 @@ class Record(BaseModel):
     output_path: str
     config: Any = None
     code_fingerprint: str = ""
+    code_parts: dict[str, str] = Field(default_factory=dict)  # executor.fingerprint: unit -> hash
     resources: dict[str, Any] = Field(default_factory=dict)
     inputs: list[InputInfo] = Field(default_factory=list)
     state: str = RUNNING
@@ -111,10 +116,13 @@ class Record(BaseModel):
 class Status(BaseModel):
     """`{output}/.status`."""
 
-    state: str
+    state: StepState
     digest: str = ""
     output_digest: str | None = None
-    inputs: dict[str, str | None] = Field(default_factory=dict)  # input digest -> its output digest
+    # input name -> the output digest read from it; files written before inputs were keyed by
+    # name (two inputs may share a digest) say "digest": input digest -> output digest
+    inputs: dict[str, str | None] = Field(default_factory=dict)
+    inputs_by: str = "digest"
     time: float = Field(default_factory=time.time)
     attempt: int = 0
     token: int | None = None
@@ -253,8 +261,9 @@ class Store:
             _remove(self.fs, path, recursive=False)
         return stale
 
-    def manifest(self, dirname: str) -> list[ManifestEntry]:
-        """Every file of the output (control files excluded): relative path, size, checksum."""
+    def manifest(self, dirname: str, is_log: Any = None) -> list[ManifestEntry]:
+        """Every file of the output (control files excluded): relative path, size, checksum.
+        Files that `is_log(relpath)` says are logs are listed with `log` set and no checksum."""
         folder = self.path(dirname)
         entries: list[ManifestEntry] = []
         try:
@@ -267,6 +276,9 @@ class Store:
                 continue
             if info.get("islink") and self.is_local and os.path.isdir(path):
                 continue  # a link to a folder (W&B's `latest-run`): its files are listed on their own
+            if is_log is not None and is_log(rel):
+                entries.append(ManifestEntry(path=rel, size=int(info.get("size") or 0), checksum="", log=True))
+                continue
             entries.append(ManifestEntry(path=rel, size=int(info.get("size") or 0),
                                          checksum=self._checksum(path, info)))
         return entries
@@ -302,8 +314,9 @@ class Store:
 
 
 def output_digest(manifest: Iterable[ManifestEntry]) -> str:
-    """One digest over the manifest: equal iff the same files with the same bytes."""
-    body = json.dumps([[e.path, e.size, e.checksum] for e in manifest], separators=(",", ":"))
+    """One digest over the manifest's artifacts (not its logs): equal iff the same files with the
+    same bytes."""
+    body = json.dumps([[e.path, e.size, e.checksum] for e in manifest if not e.log], separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -1,14 +1,21 @@
 """Running one step inside a worker: the life of an output folder.
 
 absent -> RUNNING -> SUCCESS | FAILED. The order of writes is the whole point:
+0. every input's `.status` is read: an input that is not SUCCESS (deleted, failed, or being
+   rerun by another executor) has no output, and the step is BLOCKED with nothing written;
 1. `.status` says RUNNING (a crash from here on leaves a folder that is never a cache hit), then
    the record gains a new attempt;
 2. a non-resumable step's partial output from an earlier attempt is cleared; a resumable step
-   keeps its folder, less the uncommitted `.tmp-*` writes of an attempt that was killed;
+   keeps its folder, less the uncommitted `.tmp-*` writes of an attempt that was killed, unless
+   it must start clean (`--rerun`, an output made without its inputs, or code that changed since
+   the attempt that left the folder: resume is for one lineage of one recipe and code);
 3. the function runs;
-4. the manifest and output digest are computed;
+4. the manifest (the step type's declared logs marked, not digested) and output digest are
+   computed; every input's status is read again: if one changed while the step read it (another
+   executor reran it), the attempt FAILS, never SUCCESS from a half-read input;
 5. inside the lease's fence (`Leases.fence`: the lease still carries our token, and the status
-   still names this attempt), the record is written and only then `.status` SUCCESS.
+   still names this attempt), the record is written and only then `.status` SUCCESS, with the
+   output digest read from each input, by input name.
 Status and record are written only inside the fence, so an attempt that lost its lease (or was
 superseded by a retry of itself) never overwrites the folder of the one that replaced it.
 This module is engine-agnostic: the Ray backend calls `execute` inside a Ray task.
@@ -16,7 +23,6 @@ This module is engine-agnostic: the Ray backend calls `execute` inside a Ray tas
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import socket
@@ -27,8 +33,12 @@ from typing import Any
 
 from executor.context import Mapper, StepContext, local_map
 from executor.lease import Leases
-from executor.step import InputRef, OwnOutput, Resources, StepType
+from executor.refs import resolve  # noqa: F401  (where it was; one rule for the DAG and the digest)
+from executor.state import StepState
+from executor.step import Resources, StepType
 from executor.store import FAILED, RUNNING, SUCCESS, Attempt, InputInfo, Record, Status, Store, output_digest
+
+INTERRUPTED = StepState.INTERRUPTED
 
 
 @dataclass
@@ -52,6 +62,8 @@ class TaskSpec:
     max_node_failures: int = 3
     reason: str = ""
     storage_options: dict[str, Any] = field(default_factory=dict)
+    code_parts: dict[str, str] = field(default_factory=dict)
+    fresh: bool = False  # start from an empty folder even if resumable (a --rerun's first try)
 
 
 @dataclass
@@ -65,6 +77,7 @@ class TaskResult:
     started: float = 0.0
     ended: float = 0.0
     lease_lost: bool = False
+    blocked: bool = False  # an input had no output: nothing was written
 
 
 def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None) -> TaskResult:
@@ -72,16 +85,22 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     store = Store(task.prefix, **task.storage_options)
     leases = Leases(store, ttl=task.lease_ttl)
     started = time.time()
+    before, missing = _read_inputs(store, task)
+    if missing:
+        return TaskResult(task.name, False, error=missing, started=started, ended=time.time(), blocked=True)
+    inputs = [i.model_copy(update={"output_digest": before[i.name].output_digest}) for i in task.inputs]
     previous = store.read_record(task.dirname)
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
     _close_dead_attempts(attempts, store.read_status(task.dirname))
+    clean = _starts_clean(task, previous, attempts)
     attempt = Attempt(number=len(attempts) + 1, state=RUNNING, started=started, host=socket.gethostname(),
-                      pid=os.getpid(), node=node, run_id=task.run_id, token=task.token, reason=task.reason)
+                      pid=os.getpid(), node=node, run_id=task.run_id, token=task.token,
+                      reason=task.reason + (f"; {clean}" if clean and task.step_type.resumable else ""))
     record = Record(
         name=task.name, step_type=task.step_type.name, version=task.step_type.version, digest=task.digest,
         scheme=task.scheme, output_path=store.url(task.dirname), config=task.plain_config,
-        code_fingerprint=task.code_fingerprint, resources=dataclasses.asdict(task.resources),
-        inputs=task.inputs, state=RUNNING, attempts=[*attempts, attempt],
+        code_fingerprint=task.code_fingerprint, code_parts=task.code_parts,
+        resources=dataclasses.asdict(task.resources), inputs=inputs, state=RUNNING, attempts=[*attempts, attempt],
         created=previous.created if previous is not None and attempts else time.time(),
     )
     running = Status(state=RUNNING, digest=task.digest, attempt=attempt.number, token=task.token)
@@ -91,7 +110,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             store.write_record(task.dirname, record)
     if not ours:
         return _lost(task, attempt, started)
-    if not task.step_type.resumable:
+    if not task.step_type.resumable or clean:
         store.clear_partial(task.dirname)
     else:  # the folder survives; what a killed attempt had not committed goes
         store.clear_temporaries(task.dirname)
@@ -100,14 +119,15 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper)
     try:
         task.step_type.fn(task.config, ctx)
-        manifest = store.manifest(task.dirname)  # a failure here is the step's failure too
+        manifest = store.manifest(task.dirname, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
+        _check_inputs_unchanged(store, task, before)
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
         # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
         # failure of the step; the status stays RUNNING, as after a SIGKILL.
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
-        attempt.state, attempt.ended = ("INTERRUPTED" if interrupted else FAILED), time.time()
+        attempt.state, attempt.ended = (INTERRUPTED if interrupted else FAILED), time.time()
         attempt.error, attempt.traceback = f"{type(e).__name__}: {e}", tb
         record.state, record.results = (RUNNING if interrupted else FAILED), ctx.results
         with leases.fence(task.dirname, task.token) as ours:
@@ -135,12 +155,71 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             store.write_record(task.dirname, record)
             store.write_status(task.dirname, Status(
                 state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=attempt.number,
-                token=task.token, inputs={i.digest: i.output_digest for i in task.inputs},
+                token=task.token, inputs={i.name: i.output_digest for i in inputs}, inputs_by="name",
                 code=task.code_fingerprint))
     if not ours:
         return _lost(task, attempt, started)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=attempt.number, started=started,
                       ended=time.time())
+
+
+class InputChanged(RuntimeError):
+    """An input was rerun (or removed) while the step read it: what it read may be half of one
+    output and half of another, so the attempt fails rather than ever being SUCCESS."""
+
+
+def _input_dirname(info: InputInfo) -> str:
+    return f"{info.name}-{info.digest[:10]}"  # executor.dag.Node.dirname
+
+
+def _read_inputs(store: Store, task: TaskSpec) -> tuple[dict[str, Status], str]:
+    """The status of every input (one batch), and why the step cannot start if one has no output."""
+    if not task.inputs:
+        return {}, ""
+    found = store.read_statuses([_input_dirname(i) for i in task.inputs])
+    statuses: dict[str, Status] = {}
+    missing: list[str] = []
+    for info in task.inputs:
+        status = found[_input_dirname(info)]
+        if status is None or status.state != SUCCESS:
+            what = "no .status" if status is None else f"its .status is {status.state}" + (
+                ", being rerun by another executor" if status.state == RUNNING else "")
+            missing.append(f"input {info.name} has no output ({what})")
+        else:
+            statuses[info.name] = status
+    if missing:
+        return statuses, f"{'; '.join(missing)}: {task.name} did not start (nothing written)"
+    return statuses, ""
+
+
+def _check_inputs_unchanged(store: Store, task: TaskSpec, before: dict[str, Status]) -> None:
+    """Raise InputChanged if an input's status moved while the step ran (state, output,
+    attempt or fencing token): another executor reran it under the step's feet."""
+    if not task.inputs:
+        return
+    after, _ = _read_inputs(store, task)
+    changed = []
+    for info in task.inputs:
+        old, new = before[info.name], after.get(info.name)
+        if new is None or (old.output_digest, old.attempt, old.token) != (new.output_digest, new.attempt, new.token):
+            now = "no output now" if new is None else \
+                f"output {(old.output_digest or '')[:10]} -> {(new.output_digest or '')[:10]}, attempt {old.attempt} -> {new.attempt}"
+            changed.append(f"input {info.name} changed while {task.name} read it ({now})")
+    if changed:
+        raise InputChanged(f"{'; '.join(changed)}: another executor reran it; this attempt's output is not "
+                           f"trusted; run {task.name} again")
+
+
+def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt]) -> str:
+    """Why a resumable step must not resume from its folder ("" if it may): resume applies only
+    within one lineage of one recipe and code."""
+    if task.fresh and not any(a.run_id == task.run_id and a.token == task.token for a in attempts):
+        return "starts clean (forced, or made without an input before)"  # a Ray retry of it resumes
+    recorded = previous.code_fingerprint if previous is not None else ""
+    if recorded and recorded.split(":")[0] == task.code_fingerprint.split(":")[0] and \
+            recorded != task.code_fingerprint:
+        return "starts clean: the code changed since the attempt that left the folder"
+    return ""
 
 
 def _close_dead_attempts(attempts: list[Attempt], status: Status | None) -> None:
@@ -152,9 +231,9 @@ def _close_dead_attempts(attempts: list[Attempt], status: Status | None) -> None
     """
     for a in attempts:
         if a.state == RUNNING:
-            a.state, a.error = "INTERRUPTED", a.error or "the worker or executor died during this attempt"
+            a.state, a.error = INTERRUPTED, a.error or "the worker or executor died during this attempt"
         elif a.state == SUCCESS and status is not None and status.state == RUNNING and status.attempt == a.number:
-            a.state, a.error = "INTERRUPTED", "died after its record was written, before SUCCESS"
+            a.state, a.error = INTERRUPTED, "died after its record was written, before SUCCESS"
 
 
 def _still_running(store: Store, dirname: str, running: Status) -> bool:
@@ -166,34 +245,3 @@ def _still_running(store: Store, dirname: str, running: Status) -> bool:
 def _lost(task: TaskSpec, attempt: Attempt, started: float) -> TaskResult:
     return TaskResult(task.name, False, error="lease lost to another executor; SUCCESS not written",
                       attempt=attempt.number, started=started, ended=time.time(), lease_lost=True)
-
-
-def resolve(value: Any, url_of: Any, own: str) -> Any:
-    """A copy of a config with every reference replaced by its URL (no __post_init__ re-run)."""
-    if isinstance(value, InputRef):
-        base = url_of(value.step_name)
-        return f"{base}/{value.subpath}" if value.subpath else base
-    if isinstance(value, OwnOutput):
-        return f"{own}/{value.subpath}" if value.subpath else own
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for f in dataclasses.fields(value):
-            old = getattr(value, f.name)
-            new = resolve(old, url_of, own)
-            if new is not old:
-                changes[f.name] = new
-        if not changes:
-            return value
-        clone = copy.copy(value)
-        for k, v in changes.items():
-            object.__setattr__(clone, k, v)
-        return clone
-    if isinstance(value, (list, tuple)):
-        items = [resolve(v, url_of, own) for v in value]
-        if all(a is b for a, b in zip(items, value)):
-            return value
-        return type(value)(items) if isinstance(value, list) else tuple(items)
-    if isinstance(value, dict):
-        out = {k: resolve(v, url_of, own) for k, v in value.items()}
-        return value if all(out[k] is value[k] for k in value) else type(value)(out)
-    return value

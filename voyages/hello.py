@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from executor import Resources, Step, StepContext, output_of, run_only, step_type
+from executor import InputPath, Resources, Step, StepContext, output_of, run_only, step_type
 
 VOCAB = ("ray", "step", "digest", "voyage", "token", "expert", "router", "shard", "lease", "prefix",
          "cache", "record", "plan", "mixture", "dedup", "train", "eval", "bucket", "node", "rack")
@@ -54,17 +54,15 @@ def write_text(config: TextConfig, ctx: StepContext) -> None:
 
 @dataclass(frozen=True)
 class CountConfig:
-    text: str  # output_of(text step) / "text.txt"
+    text: InputPath  # output_of(text step, "text.txt"): a URL when the step runs
     log_every: int = run_only(default=0)
 
 
 @step_type(version="1")
 def count_words(config: CountConfig, ctx: StepContext) -> None:
     """Count the words of one shard."""
-    import fsspec
-
     counts: collections.Counter = collections.Counter()
-    with fsspec.open(config.text, "r") as f:
+    with ctx.open_input(config.text, mode="r") as f:
         for line in f:
             counts.update(line.split())
     with ctx.open("counts.json", "w") as f:
@@ -73,17 +71,15 @@ def count_words(config: CountConfig, ctx: StepContext) -> None:
 
 @dataclass(frozen=True)
 class MergeConfig:
-    counts: tuple[str, ...]
+    counts: tuple[InputPath, ...]
 
 
 @step_type(version="1")
 def merge_counts(config: MergeConfig, ctx: StepContext) -> None:
     """Add up the counts of every shard."""
-    import fsspec
-
     total: collections.Counter = collections.Counter()
     for url in config.counts:
-        with fsspec.open(url, "r") as f:
+        with ctx.open_input(url, mode="r") as f:
             total.update(json.load(f))
     with ctx.open("total.json", "w") as f:
         json.dump(dict(sorted(total.items())), f, indent=0)
@@ -93,16 +89,14 @@ def merge_counts(config: MergeConfig, ctx: StepContext) -> None:
 
 @dataclass(frozen=True)
 class ReportConfig:
-    total: str
+    total: InputPath
     top_k: int = 10
 
 
 @step_type(version="1")
 def report(config: ReportConfig, ctx: StepContext) -> None:
     """Write the most frequent words as a Markdown table."""
-    import fsspec
-
-    with fsspec.open(config.total, "r") as f:
+    with ctx.open_input(config.total, mode="r") as f:
         total = collections.Counter(json.load(f))
     n = sum(total.values())
     lines = ["| word | count | share |", "|---|---:|---:|"]

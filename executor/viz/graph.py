@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from executor.identity import plain
 from executor.plan import Plan
+from executor.state import StepState
 from executor.store import RECORD
 
 GROUP_MIN = 16  # parallel siblings drawn as one box
@@ -197,7 +198,7 @@ def summarize_record(rec: dict[str, Any]) -> dict[str, Any]:
     attempts = []
     for a in rec.get("attempts") or []:
         attempt = {k: a.get(k) for k in ("number", "state", "started", "ended", "host", "node", "error") if a.get(k)}
-        if a.get("traceback") and a.get("state") != "SUCCESS":
+        if a.get("traceback") and a.get("state") != StepState.SUCCESS:
             attempt["traceback"] = a["traceback"][-TRACEBACK_TAIL:]
         attempts.append(attempt)
     summary = {

@@ -14,6 +14,7 @@ import subprocess
 from collections import Counter
 
 from executor.errors import VoyageError
+from executor.state import StepState
 from executor.viz.graph import Box, Drawing
 from executor.viz.style import COLORS, DESCRIPTIONS, STATE_ORDER
 
@@ -44,7 +45,7 @@ def box_state(drawing: Drawing, box: Box) -> str:
 
 
 def box_is_stale(drawing: Drawing, box: Box) -> bool:
-    return any(drawing.steps[m]["state"] == "STALE" for m in box.members)
+    return any(drawing.steps[m]["state"] == StepState.STALE for m in box.members)
 
 
 # -- DOT ----------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def to_dot(drawing: Drawing) -> str:
             attrs.append(f'label="{n:,}"')
             attrs.append(f"penwidth={min(4.0, 1 + n.bit_length() / 4):.2f}")
         if stale:
-            attrs += ['style=dashed', f'color="{COLORS["STALE"][1]}"', 'fontcolor="#b45309"',
+            attrs += ['style=dashed', f'color="{COLORS[StepState.STALE][1]}"', 'fontcolor="#b45309"',
                       f'xlabel="{"output changed" if n == 1 else f"{stale:,} changed"}"']
         out.append(f"  b{a} -> b{b}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
     out += _dot_legend(drawing)
@@ -93,7 +94,7 @@ def _dot_legend(drawing: Drawing) -> list[str]:
     for s in present:
         fill, line = COLORS[s]
         label = f"{s} {counts[s]:,}: {DESCRIPTIONS[s]}"
-        style = "rounded,filled" + (",dashed" if s == "STALE" else "")
+        style = "rounded,filled" + (",dashed" if s == StepState.STALE else "")
         out.append(f'    legend_{s} [label={_dot_str(label)}, fillcolor="{fill}", color="{line}", '
                    f'style="{style}", fontsize=9];')
     out.append("    " + " -> ".join(f"legend_{s}" for s in present) + " [style=invis];" if len(present) > 1 else "")
@@ -156,7 +157,7 @@ def to_mermaid(drawing: Drawing) -> str:
         out.append("  end")
     for s in STATE_ORDER:
         fill, line = COLORS[s]
-        dash = ",stroke-dasharray:5 3" if s == "STALE" else ""
+        dash = ",stroke-dasharray:5 3" if s == StepState.STALE else ""
         out.append(f"  classDef {s} fill:{fill},stroke:{line},color:#0f172a{dash}")
     return "\n".join(out) + "\n"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from executor import StepContext, VoyageError, run_only, step_type
+from executor import InputPath, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, url_fs, write_bytes, write_json
 from steps.data.minhash import MinHasher, band_keys
@@ -42,7 +42,7 @@ SNIPPET = 300
 class DedupConfig:
     """Which duplicates to remove and how fuzzy matching is tuned."""
 
-    documents: str  # a documents folder (ingest output) or a glob of shards
+    documents: InputPath  # a documents folder (ingest output) or a glob of shards
     exact: bool = True
     fuzzy: bool = True
     ngram: int = 5

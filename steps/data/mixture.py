@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from executor import StepContext, VoyageError, step_type
+from executor import InputPath, StepContext, VoyageError, step_type
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json, write_json
 
 MIXTURE_FORMAT = "marin-mixture/1"
@@ -48,7 +48,7 @@ class MixtureStage:
 class MixtureConfig:
     """Tokenized datasets by name, and how to mix them."""
 
-    datasets: dict[str, str]  # name -> tokenized dataset: output_of(tokenize step)
+    datasets: dict[str, InputPath]  # name -> tokenized dataset: output_of(tokenize step)
     token_budget: int
     seq_len: int
     weights: dict[str, float] | None = None  # one stage; or give `stages`

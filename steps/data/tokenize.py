@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from executor import Resources, StepContext, run_only, step_type
+from executor import InputPath, Resources, StepContext, run_only, step_type
 from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, \
     read_json, token_dtype, write_json
 from steps.data.tokenizer import load_tokenizer, special_id
@@ -35,8 +35,8 @@ from steps.data.tokenizer import load_tokenizer, special_id
 class TokenizeConfig:
     """What to tokenize with what; `bos`/`eos` are token strings or None (required: no default)."""
 
-    documents: str  # a documents folder (ingest/dedup output), a shard URL or a glob
-    tokenizer: str  # tokenizer.json URL, a folder holding one, or a hub name
+    documents: InputPath  # a documents folder (ingest/dedup output), a shard URL or a glob
+    tokenizer: InputPath  # tokenizer.json URL, a folder holding one, or a hub name
     bos: str | None
     eos: str | None
     batch_docs: int = run_only(default=1024)

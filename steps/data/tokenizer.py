@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Iterator
 
-from executor import StepContext, VoyageError, step_type
+from executor import InputPath, StepContext, VoyageError, step_type
 from steps.data.formats import document_shards, iter_text_batches, url_fs
 
 DEFAULT_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -22,7 +22,7 @@ DEFAULT_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 class TrainTokenizerConfig:
     """Train on the documents of `documents` (an ingest/dedup output folder or a glob)."""
 
-    documents: str | tuple[str, ...]  # one documents folder or glob, or several
+    documents: InputPath | tuple[InputPath, ...]  # one documents folder or glob, or several
     vocab_size: int
     special_tokens: tuple[str, ...] = DEFAULT_SPECIALS
     min_frequency: int = 2

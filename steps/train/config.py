@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import VoyageError, run_only
+from executor import InputPath, VoyageError, run_only
 
 PARALLEL = ("ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -66,7 +66,7 @@ class DataConfig:
     midtrain the last; a step whose batch straddles the switch belongs to midtrain.
     """
 
-    mixture: str
+    mixture: InputPath
     batch_size: int = 32
 
     def __post_init__(self) -> None:
@@ -195,4 +195,4 @@ class TrainConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    init_from: str | None = None
+    init_from: InputPath | None = None

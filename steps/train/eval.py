@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from executor import StepContext, VoyageError, run_only, step_type
+from executor import InputPath, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json
 
 
@@ -46,9 +46,9 @@ class EvalConfig:
     """Evaluate `checkpoint`: a training step's output (its newest checkpoint) or a
     `checkpoints/step-N` folder."""
 
-    checkpoint: str
-    mixture: str | None = None  # None: the mixture the checkpoint was trained on
-    datasets: dict[str, str] = field(default_factory=dict)  # more held-out token datasets: name -> URL
+    checkpoint: InputPath
+    mixture: InputPath | None = None  # None: the mixture the checkpoint was trained on
+    datasets: dict[str, InputPath] = field(default_factory=dict)  # more held-out token datasets: name -> URL
     max_sequences: int = 256  # held-out sequences per dataset
     unigram_sequences: int = 4096  # training sequences counted for the unigram baseline
     harness: HarnessConfig | None = None

@@ -19,7 +19,7 @@ from steps.train.config import TrainConfig
 from steps.train.data import check_batch, check_vocab, phases, read_mixture
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="1", resumable=True, logs=("wandb/**", "metrics.jsonl"))
 def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     """Train the MoE from scratch on every mixture stage but the last (all, if only one)."""
     if config.init_from is not None:
@@ -28,7 +28,7 @@ def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     _train(config, ctx, "pretrain")
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="1", resumable=True, logs=("wandb/**", "metrics.jsonl"))
 def midtrain(config: TrainConfig, ctx: StepContext) -> None:
     """Continue a pretrain step's run (`init_from`) on the mixture's last stage, through the
     decay phase of the schedule."""

@@ -14,7 +14,7 @@ class C:
     n: int = 0
 
 
-@step_type(version="1")
+@step_type(version="1", name="dag_t")
 def t(config: C, ctx) -> None:
     pass
 

@@ -292,3 +292,8 @@ def test_a_reference_in_a_set_or_as_a_key_has_no_identity():
         build_dag([Step("down", produce, Cfg(table={"s": frozenset({output_of(up)})}))])
     with pytest.raises(IdentityError, match=r"config\.table.*key.*output_of"):
         build_dag([Step("down", produce, Cfg(table={output_of(up): 1}))])
+
+
+def test_a_lone_surrogate_is_refused_with_its_path():
+    with pytest.raises(IdentityError, match=r"config\.source: .* lone surrogate"):
+        digest(Cfg(source="name\udcff"))

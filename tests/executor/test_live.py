@@ -53,7 +53,7 @@ def test_a_thousand_steps_of_events_make_a_few_cheap_writes(tmp_path):
 
 def test_run_rows_have_attempts_durations_records_and_curves(tmp_path):
     prefix = str(tmp_path / "p")
-    plan, _ = plan_steps(small_voyage(fail=True), prefix)
+    plan = plan_steps(small_voyage(fail=True), prefix)
     page = LivePage(plan, "small", "feedbeef", min_interval=0.05, metrics_every=0.05)
     plan2, summary = run_inline(small_voyage(fail=True), prefix, on_change=page.start())
     page.close(summary)
@@ -75,7 +75,7 @@ def test_cached_steps_bring_their_records_and_a_finished_trainer_its_curves(tmp_
 
     prefix = str(tmp_path / "p")
     run_inline(small_voyage(), prefix)
-    plan, _ = plan_steps(small_voyage(), prefix, Selection(rerun=("lone",)))
+    plan = plan_steps(small_voyage(), prefix, Selection(rerun=("lone",)))
     page = LivePage(plan, "small", "feedbeef", min_interval=2.0).start()
     before, _ = page_files(page)
     assert not any("record" in s for s in before["plan"]["steps"])  # the first write does not wait for them
@@ -127,7 +127,7 @@ def test_a_failing_page_write_warns_and_the_voyage_goes_on(tmp_path, caplog):
     prefix = tmp_path / "p"
     prefix.mkdir()
     (prefix / "voyages").write_text("a file where the page's folder should be")
-    plan, _ = plan_steps(small_voyage(), str(prefix))
+    plan = plan_steps(small_voyage(), str(prefix))
     page = open_page(plan, "small", "feedbeef", min_interval=0.01)
     with caplog.at_level(logging.WARNING, logger="marin.live"):
         _, summary = run_inline(small_voyage(), str(prefix), on_change=page.start())
@@ -156,7 +156,7 @@ def test_page_on_gcs_is_served_as_html_without_caching(tmp_path, gcs_emulator):
     import gcsfs
 
     prefix = "gs://marin-test/live-page"
-    plan, _ = plan_steps(small_voyage(), prefix)
+    plan = plan_steps(small_voyage(), prefix)
     page = LivePage(plan, "small", "feedbeef").start()
     page.close()
     assert page.failures == 0 and page.writes == 2
@@ -170,6 +170,6 @@ def test_page_on_gcs_is_served_as_html_without_caching(tmp_path, gcs_emulator):
 
 @pytest.mark.parametrize("bad", ["../up", "a b/c"])
 def test_voyage_names_are_made_safe_for_paths(tmp_path, bad):
-    plan, _ = plan_steps(small_voyage(), str(tmp_path))
+    plan = plan_steps(small_voyage(), str(tmp_path))
     page = LivePage(plan, bad, "feedbeef")
     assert page.folder.startswith("voyages/") and ".." not in page.folder and " " not in page.folder

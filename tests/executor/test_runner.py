@@ -29,7 +29,7 @@ class Make:
     salt_file: str = run_only(default="")  # when set, the output changes with this file's content
 
 
-@step_type(version="1")
+@step_type(version="1", name="runner_make")
 def make(config: Make, ctx) -> None:
     time.sleep(config.sleep)
     salt = open(config.salt_file).read() if config.salt_file else ""
@@ -44,7 +44,7 @@ class Join:
     fail: bool = False
 
 
-@step_type(version="1")
+@step_type(version="1", name="runner_join")
 def join(config: Join, ctx) -> None:
     import fsspec
 
@@ -111,7 +111,7 @@ def test_run_then_everything_cached(tmp_path):
     assert record.digest == plan.dag["a"].digest and len(record.digest) == 64
     abc = store.read_record(plan.dag["abc"].dirname)
     assert {i.name for i in abc.inputs} == {"ab", "b"} and all(i.output_digest for i in abc.inputs)
-    plan2, _ = plan_steps(voyage(), str(tmp_path))
+    plan2 = plan_steps(voyage(), str(tmp_path))
     assert plan2.counts() == {"CACHED": 5}
 
 
@@ -125,7 +125,7 @@ def test_a_failure_blocks_its_dependents_only(tmp_path):
     record = store.read_record(plan.dag["ab"].dirname)
     assert record.state == "FAILED" and "RuntimeError: this step fails on purpose" in record.attempts[-1].traceback
     assert store.read_status(plan.dag["ab"].dirname).state == "FAILED"
-    plan2, _ = plan_steps(voyage(fail=True), str(tmp_path))
+    plan2 = plan_steps(voyage(fail=True), str(tmp_path))
     assert plan2["ab"].state == "RETRY" and plan2["abc"].state == "RUN"
 
 
@@ -150,7 +150,7 @@ def test_rerun_with_changed_output_makes_consumers_stale(tmp_path):
     plan, summary = run_steps(voyage(salt_file=str(salt)), prefix, Selection(rerun=("a",)))
     assert summary.outcomes["a"].state == "SUCCESS" and summary.outcomes["ab"].state == "CACHED"
     assert summary.stale_after == ["ab"]
-    plan2, _ = plan_steps(voyage(salt_file=str(salt)), prefix)
+    plan2 = plan_steps(voyage(salt_file=str(salt)), prefix)
     assert plan2["ab"].state == "STALE" and not plan2["ab"].will_run
     assert "input a output changed" in plan2["ab"].reason
     assert plan2["abc"].state == "CACHED"  # its own inputs have not changed (yet)
@@ -168,7 +168,7 @@ def test_only_runs_the_named_steps_and_what_they_need(tmp_path):
 
 
 def test_partial_output_of_an_interrupted_attempt_is_cleared(tmp_path):
-    plan, _ = plan_steps(voyage(), str(tmp_path))
+    plan = plan_steps(voyage(), str(tmp_path))
     store = Store(str(tmp_path))
     d = plan.dag["a"].dirname
     store.fs.makedirs(store.path(d), exist_ok=True)
@@ -181,19 +181,19 @@ def test_partial_output_of_an_interrupted_attempt_is_cleared(tmp_path):
 
 
 def test_a_folder_with_files_but_no_success_is_not_cached(tmp_path):
-    plan, _ = plan_steps(voyage(), str(tmp_path))
+    plan = plan_steps(voyage(), str(tmp_path))
     store = Store(str(tmp_path))
     d = plan.dag["b"].dirname
     store.fs.pipe_file(store.path(d, "value.txt"), b"B")  # looks done, is not
-    plan, _ = plan_steps(voyage(), str(tmp_path))
+    plan = plan_steps(voyage(), str(tmp_path))
     assert plan["b"].state == "RUN"
 
 
 def test_unplaceable_resources_fail_before_anything_runs(tmp_path):
     gpu = Step("train", make, Make("T"), resources=Resources(gpus=8, accelerator="GB200"))
-    plan, leases = plan_steps([gpu, Step("fine", make, Make("F"))], str(tmp_path))
+    plan = plan_steps([gpu, Step("fine", make, Make("F"))], str(tmp_path))
     with pytest.raises(VoyageError, match=r"step 'train' needs .*GB200.*no node can ever run it: GB200=8 \(largest node has 0\)"):
-        run_plan(plan, leases)
+        run_plan(plan)
     assert not any(p.name != ".lease" for p in tmp_path.rglob("*") if p.is_file())
 
 
@@ -238,11 +238,11 @@ def test_a_resumed_step_loses_what_its_killed_attempt_left_uncommitted(tmp_path)
 def test_a_step_leased_by_a_live_executor_waits(tmp_path):
     from executor.lease import Leases, Owner
 
-    plan, _ = plan_steps(voyage(), str(tmp_path))
+    plan = plan_steps(voyage(), str(tmp_path))
     store = Store(str(tmp_path))
     other = Leases(store, ttl=60, owner=Owner("otherhost", 4242, "someone-else"))
     d = plan.dag["lone"].dirname
     other.try_acquire(d)
     store.write_status(d, __import__("executor.store", fromlist=["Status"]).Status(state="RUNNING", digest=plan.dag["lone"].digest))
-    plan, _ = plan_steps(voyage(), str(tmp_path))
+    plan = plan_steps(voyage(), str(tmp_path))
     assert plan["lone"].state == "WAITING" and "otherhost pid 4242" in plan["lone"].reason

@@ -104,13 +104,13 @@ def test_item2_rerun_downstream_on_a_fresh_prefix_runs_what_is_downstream(voyage
 
 SAME_RECIPE = """
 @step_type(version="1")
-def named(config: Text, ctx):
+def same_recipe(config: Text, ctx):
     with ctx.open("out.txt", "w") as f:
         f.write(config.text + " from " + ctx.name)  # the same recipe, other bytes under another name
 
 def voyage():
-    a = Step("a", named, Text("same"))
-    b = Step("b", named, Text("same"))
+    a = Step("a", same_recipe, Text("same"))
+    b = Step("b", same_recipe, Text("same"))
     return [Step("c", join, Pair(output_of(a, "out.txt"), output_of(b, "out.txt")))]
 """
 
@@ -170,13 +170,13 @@ class Holder:
     {field}
 
 @step_type(version="1")
-def hold(config: Holder, ctx):
+def hold_refs(config: Holder, ctx):
     with ctx.open("out.txt", "w") as f:
         f.write(repr(config))
 
 def voyage():
     x = Step("x", write, Text("X"))
-    return [Step("h", hold, Holder({value}))]
+    return [Step("h", hold_refs, Holder({value}))]
 """)
     prefix = tmp_path / "p"
     code, _, err = cli([v, "--prefix", prefix, "--no-live-page"], capsys)
@@ -193,7 +193,7 @@ class Salted:
     salt_file: str = run_only(default="")
 
 @step_type(version="1", resumable=True)
-def shards(config: Salted, ctx):
+def resume_shards(config: Salted, ctx):
     salt = open(config.salt_file).read()
     for i in range(2):
         if not ctx.exists(f"shard-{i}"):  # the ledger: a committed shard is skipped on resume
@@ -205,7 +205,7 @@ class VConfig:
     salt_file: str = ""
 
 def voyage(config: VConfig):
-    return [Step("s", shards, Salted(config.salt_file))]
+    return [Step("s", resume_shards, Salted(config.salt_file))]
 """
 
 
@@ -224,7 +224,7 @@ def test_item6_rerun_of_a_resumable_step_starts_clean(voyage_dir, tmp_path, caps
 
 LOGS = """
 @step_type(version="1", logs=("logs/**", "timing.json"))
-def train(config: Text, ctx):
+def log_train(config: Text, ctx):
     with ctx.open("model.txt", "w") as f:
         f.write(config.text)
     with ctx.open("logs/run/events.log", "w") as f:
@@ -233,13 +233,13 @@ def train(config: Text, ctx):
         f.write(str(time.perf_counter()))
 
 @step_type(version="1")
-def evaluate(config: Text, ctx):
+def log_eval(config: Text, ctx):
     with ctx.open("score.txt", "w") as f:
         f.write(open(config.text).read()[::-1])
 
 def voyage():
-    t = Step("t", train, Text("weights"))
-    return [Step("ev", evaluate, Text(output_of(t, "model.txt")))]
+    t = Step("t", log_train, Text("weights"))
+    return [Step("ev", log_eval, Text(output_of(t, "model.txt")))]
 """
 
 
@@ -367,12 +367,12 @@ class Knob:
     n: int = 1
 
 @step_type(version="1")
-def knob(config: Knob, ctx):
+def drift_knob(config: Knob, ctx):
     with ctx.open("out.txt", "w") as f:
         f.write(str(scale(config.n)))
 
 def voyage():
-    return [Step("k", knob, Knob())]
+    return [Step("k", drift_knob, Knob())]
 """
 
 

@@ -42,13 +42,13 @@ class InlineBackend:
 
 
 def run_inline(steps, prefix, selection=None, on_change=None) -> tuple[Plan, RunSummary]:
-    plan, leases = plan_steps(steps, prefix, selection)
-    summary = Runner(plan, InlineBackend(), leases, poll=0.01, on_change=on_change).run()
+    plan = plan_steps(steps, prefix, selection)
+    summary = Runner(plan, InlineBackend(), poll=0.01, on_change=on_change).run()
     return plan, summary
 
 
 def replan(steps, prefix, selection=None) -> Plan:
-    return plan_steps(steps, prefix, selection)[0]
+    return plan_steps(steps, prefix, selection)
 
 
 # -- small step types ------------------------------------------------------------------------------

@@ -83,10 +83,10 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
     pages = list((tmp_path / "out" / "voyages" / "535b").glob("*/index.html"))
     assert pages, "the live page was not written"
 
-    again, _ = plan_steps(v535.voyage(config), prefix)
+    again = plan_steps(v535.voyage(config), prefix)
     assert again.counts() == {"CACHED": len(again.decisions)}
     # dedup is deterministic: a rerun makes identical bytes, so nothing downstream goes stale
     _, summary = run_steps(v535.voyage(config), prefix, Selection(rerun=("dedup/kjv",)))
     assert summary.outcomes["dedup/kjv"].state == "SUCCESS" and summary.stale_after == []
-    after, _ = plan_steps(v535.voyage(config), prefix)
+    after = plan_steps(v535.voyage(config), prefix)
     assert after.counts() == {"CACHED": len(after.decisions)}

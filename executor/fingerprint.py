@@ -1,0 +1,576 @@
+"""The code fingerprint of a step type: what its function runs, read from the source files.
+
+It is recorded next to every output (`.status` holds the digest, the record each part) and never
+keyed: when it differs from the recorded one under the same version, the plan says "code
+drifted" and names the functions, classes, constants and defaults that changed.
+
+What it follows, statically from the source (nothing is imported or run, so every process and
+every Python version computes the same fingerprint for the same files):
+- the step function, and every module-level function, class or assignment it names, in its own
+  module or through imports (`from m import f`, `import pkg.mod` then `pkg.mod.f()`, relative
+  imports, imports inside functions), transitively, whatever decorates them: behind
+  `functools.lru_cache`, `functools.wraps` or `@triton.jit` the decorated `def` is what is read;
+- module-level constants: an assignment is a unit like a function (`LIMIT = 10`, `B = A * 2`);
+- the config class (given by the step's config) and every config dataclass nested in it: each
+  class's source with its field defaults left out, and each field's default *by value*, so a
+  changed default is named with its old and new value (identity leaves fields equal to their
+  default out of the digest: a changed default must be caught here, or by a version bump).
+Only project code is followed: not the standard library, not installed packages, and not the
+executor itself (its changes are the identity scheme's business).
+
+What it cannot see: values read at import or run time from outside the source (files, the
+environment), methods reached through an instance (`obj.method()`, unless `obj`'s class is named
+in the code), code chosen by name at run time (`getattr`, registries), installed packages, data.
+
+Each unit is normalized (docstrings and function annotations dropped; comments and layout are not
+in the AST) and serialized by our own canonical form: node names, fields sorted by name, empty
+fields left out. Not `ast.dump`, whose output changes between Python versions.
+
+This module imports only the standard library (the config-default part imports executor.identity
+when asked), so the fingerprint of a source can be checked under any interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import hashlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Any, Callable
+
+SCHEME = "fp2"
+
+_NON_PROJECT = tuple(
+    os.path.realpath(p) + os.sep
+    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    | {sys.prefix, sys.base_prefix, sys.exec_prefix}
+)
+_EXECUTOR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_UNITS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign, ast.AugAssign)
+_SKIPPED_FIELDS = frozenset({"type_comment", "kind", "type_params"})
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """`digest` ("fp2:<sha256>") over `parts`: unit name -> short hash, and for a default,
+    "hash value" (e.g. `default steps.data.tokenize.TokenizeConfig.seed` -> `1a2b... 0`)."""
+
+    digest: str
+    parts: dict[str, str]
+
+
+def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -> Fingerprint:
+    """The fingerprint of step function `fn` (a StepType, or anything wrapping a function) and,
+    if given, of its config class."""
+    walker = _Walker()
+    if config_class is not None:
+        walker.config(config_class)
+    walker.function(_unwrap(fn))
+    return walker.result()
+
+
+def drift(old: dict[str, str], new: dict[str, str], limit: int = 4) -> list[str]:
+    """What changed between the parts of two fingerprints, as short phrases."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if key.startswith("default "):
+            name = key[len("default "):]
+            out.append(f"default of {name}: {_value(before)} -> {_value(after)}")
+        elif before is None:
+            out.append(f"{key} is new")
+        elif after is None:
+            out.append(f"{key} no longer used")
+        else:
+            out.append(f"{key} changed")
+    if len(out) > limit:
+        out = out[:limit] + [f"{len(out) - limit} more"]
+    return out
+
+
+def _value(part: str | None) -> str:
+    if part is None:
+        return "(no field)"
+    return part.partition(" ")[2] or "?"
+
+
+def _unwrap(obj: Any) -> Any:
+    """The function inside a StepType (`.fn`), a Triton JITFunction (`.fn`), a partial (`.func`)
+    or a `functools.wraps` wrapper (`__wrapped__`)."""
+    for _ in range(32):
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None and not hasattr(obj, "__code__"):
+            inner = getattr(obj, "fn", None) or getattr(obj, "func", None)
+        if inner is None or inner is obj or not callable(inner):
+            return obj
+        obj = inner
+    return obj
+
+
+# -- the source of modules ----------------------------------------------------------------------
+
+class _Module:
+    """A parsed module: its top-level bindings (name -> the statements that bind it)."""
+
+    def __init__(self, name: str, file: str, tree: ast.Module) -> None:
+        self.name, self.file, self.tree = name, file, tree
+        is_package = os.path.basename(file) == "__init__.py"
+        self.package = name if is_package else name.rpartition(".")[0]
+        self.bindings: dict[str, list[ast.stmt]] = {}
+        self._bind(tree.body)
+        self._functions: dict[tuple[str, int], ast.AST] | None = None
+
+    def _bind(self, body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self._add(stmt.name, stmt)
+            elif isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    for name in _stored_names(target):
+                        self._add(name, stmt)
+            elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
+                self._add(stmt.target.id, stmt)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    self._add(alias.asname or alias.name.partition(".")[0], stmt)
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    self._add(alias.asname or alias.name, stmt)
+            elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)) or \
+                    type(stmt).__name__ == "TryStar":
+                for field in ("body", "orelse", "finalbody"):
+                    self._bind(getattr(stmt, field, []) or [])
+                for handler in getattr(stmt, "handlers", []) or []:
+                    self._bind(handler.body)
+
+    def _add(self, name: str, stmt: ast.stmt) -> None:
+        found = self.bindings.setdefault(name, [])
+        if stmt not in found:
+            found.append(stmt)
+
+    def function_at(self, name: str, line: int) -> ast.AST | None:
+        """The def of function `name` whose `def` or first decorator is on `line`."""
+        if self._functions is None:
+            self._functions = {}
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self._functions[(node.name, node.lineno)] = node
+                    if node.decorator_list:
+                        self._functions[(node.name, node.decorator_list[0].lineno)] = node
+        return self._functions.get((name, line))
+
+    def class_named(self, qualname: str) -> ast.ClassDef | None:
+        """The (last) class def with this qualified name, nested in functions or classes."""
+        found: list[ast.ClassDef] = []
+
+        def walk(body: list[ast.stmt], prefix: str) -> None:
+            for stmt in body:
+                if isinstance(stmt, ast.ClassDef):
+                    name = prefix + stmt.name
+                    if name == qualname:
+                        found.append(stmt)
+                    walk(stmt.body, name + ".")
+                elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    walk(stmt.body, prefix + stmt.name + ".<locals>.")
+                else:
+                    for field in ("body", "orelse", "finalbody"):
+                        walk(getattr(stmt, field, []) or [], prefix)
+
+        walk(self.tree.body, "")
+        return found[-1] if found else None
+
+
+_PARSED: dict[str, tuple[bytes, _Module]] = {}  # file -> (content hash, module)
+
+
+def _parse(name: str, file: str) -> _Module | None:
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    key = hashlib.sha256(data).digest()
+    cached = _PARSED.get(file)
+    if cached is not None and cached[0] == key and cached[1].name == name:
+        return cached[1]
+    try:
+        tree = ast.parse(data, filename=file)
+    except (SyntaxError, ValueError):
+        return None
+    module = _Module(name, file, tree)
+    _PARSED[file] = (key, module)
+    return module
+
+
+def _module_file(name: str) -> str | None:
+    """The source file of module `name`, without importing it."""
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    if file:
+        return file if file.endswith(".py") else None
+    if module is not None and not hasattr(module, "__path__"):
+        return None  # built in, or made at run time
+    parts = name.split(".")
+    for entry in sys.path:
+        base = os.path.join(entry or os.getcwd(), *parts)
+        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+def _is_project(file: str) -> bool:
+    real = os.path.realpath(file)
+    return not real.startswith(_NON_PROJECT) and not real.startswith(_EXECUTOR)
+
+
+# -- the walk -------------------------------------------------------------------------------------
+
+class _Walker:
+    """Visits units (functions, classes, assignments) from the step function outwards."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, str] = {}
+        self.config_keys: set[str] = set()
+        self._modules: dict[str, _Module | None] = {}
+        self._files: dict[str, str | None] = {}
+        self._followed: set[tuple[str, tuple[str, ...]]] = set()
+
+    def result(self) -> Fingerprint:
+        h = hashlib.sha256()
+        for key in sorted(self.parts):
+            h.update(key.encode("utf-8", "backslashreplace") + b"\0" +
+                     self.parts[key].partition(" ")[0].encode() + b"\0")
+        return Fingerprint(f"{SCHEME}:{h.hexdigest()}", dict(sorted(self.parts.items())))
+
+    # -- modules ----------------------------------------------------------------------------------
+    def _file(self, name: str) -> str | None:
+        if name not in self._files:
+            self._files[name] = _module_file(name)
+        return self._files[name]
+
+    def _module(self, name: str, entry: bool = False) -> _Module | None:
+        """A project module's source (any module's, for the step function's own)."""
+        if name in self._modules and not entry:
+            return self._modules[name]
+        file = self._file(name)
+        module = _parse(name, file) if file and (entry or _is_project(file)) else None
+        if not entry:
+            self._modules[name] = module
+        return module
+
+    # -- entry points -----------------------------------------------------------------------------
+    def function(self, fn: Any) -> None:
+        code = getattr(fn, "__code__", None)
+        modname = getattr(fn, "__module__", None) or "?"
+        key = f"{modname}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
+        module = self._module(modname, entry=True) if code is not None else None
+        node = module.function_at(fn.__name__, code.co_firstlineno) if module is not None else None
+        if node is None:
+            self.parts[key] = "no-source"
+            return
+        self._visit(module, key, [node])
+
+    def config(self, cls: type) -> None:
+        classes = _config_classes(cls)
+        self.config_keys.update(f"{c.__module__}.{c.__qualname__}" for c in classes)
+        for c in classes:
+            for f in dataclasses.fields(c):
+                if f.init and not f.metadata.get("run_only"):
+                    self.parts[f"default {c.__module__}.{c.__qualname__}.{f.name}"] = _default_part(f)
+            module = self._module(c.__module__)
+            node = module.class_named(c.__qualname__) if module is not None else None
+            if node is not None:
+                self._visit(module, f"{c.__module__}.{c.__qualname__}", [node])
+
+    # -- units ------------------------------------------------------------------------------------
+    def _visit(self, module: _Module, key: str, nodes: list[ast.AST]) -> None:
+        if key in self.parts:
+            return
+        blank = key in self.config_keys
+        normal = [_Normalize(blank).visit(copy.deepcopy(n)) for n in nodes]
+        self.parts[key] = hashlib.sha256(canonical(normal).encode("utf-8", "backslashreplace")).hexdigest()[:16]
+        local_imports: dict[str, list[ast.stmt]] = {}
+        for n in normal:
+            for sub in ast.walk(n):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)) and sub is not n:
+                    for alias in sub.names:
+                        bound = alias.asname or (alias.name.partition(".")[0] if isinstance(sub, ast.Import)
+                                                 else alias.name)
+                        local_imports.setdefault(bound, []).append(sub)
+        local = _local_names(normal) - set(local_imports)
+        for chain in _chains(normal):
+            if chain[0] not in local:
+                self._follow(module, chain, local_imports.get(chain[0]))
+
+    def _follow(self, module: _Module, chain: tuple[str, ...], stmts: list[ast.stmt] | None = None) -> None:
+        """Visit what `chain` (a name, or a dotted attribute chain) names in `module`."""
+        mark = (module.name, chain)
+        if mark in self._followed:
+            return
+        self._followed.add(mark)
+        head = chain[0]
+        stmts = stmts if stmts is not None else module.bindings.get(head, [])
+        units = [s for s in stmts if isinstance(s, _UNITS)]
+        if units:
+            self._visit(module, f"{module.name}.{head}", units)
+        for stmt in stmts:
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname == head:
+                        self._follow_module(alias.name, chain[1:])
+                    elif alias.asname is None and alias.name.partition(".")[0] == head:
+                        self._follow_module(head, chain[1:])
+            elif isinstance(stmt, ast.ImportFrom):
+                base = _absolute(stmt.module, stmt.level, module.package)
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) != head or base is None:
+                        continue
+                    sub = f"{base}.{alias.name}"
+                    if self._file(sub) is not None and alias.name not in self._bindings_of(base):
+                        self._follow_module(sub, chain[1:])
+                    else:
+                        self._follow_in(base, (alias.name, *chain[1:]))
+
+    def _bindings_of(self, modname: str) -> dict[str, list[ast.stmt]]:
+        module = self._module(modname)
+        return module.bindings if module is not None else {}
+
+    def _follow_module(self, modname: str, rest: tuple[str, ...]) -> None:
+        """Follow `rest` from module `modname` (through sub-modules while they are modules)."""
+        file = self._file(modname)
+        if file is not None and not _is_project(file):
+            return
+        while rest:
+            if rest[0] in self._bindings_of(modname) or self._file(f"{modname}.{rest[0]}") is None:
+                break
+            modname, rest = f"{modname}.{rest[0]}", rest[1:]
+        if rest:
+            self._follow_in(modname, rest)
+
+    def _follow_in(self, modname: str, chain: tuple[str, ...]) -> None:
+        module = self._module(modname)
+        if module is not None:
+            self._follow(module, chain)
+
+
+def _absolute(module: str | None, level: int, package: str) -> str | None:
+    """The absolute name of `from {'.' * level}{module} import ...` inside `package`."""
+    if not level:
+        return module
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    base = parts[:len(parts) - (level - 1)]
+    return ".".join(base + ([module] if module else [])) or None
+
+
+def _stored_names(target: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _local_names(nodes: list[ast.AST]) -> set[str]:
+    """Names bound inside functions (parameters, assignments, loop and comprehension variables,
+    nested defs): a name loaded there refers to them, not to the module."""
+    out: set[str] = set()
+    for n in nodes:
+        for fn in ast.walk(n):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            a = fn.args
+            out.update(arg.arg for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+            out.update(arg.arg for arg in (a.vararg, a.kwarg) if arg is not None)
+            for sub in ast.walk(fn):
+                if sub is fn:
+                    continue
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                    out.add(sub.id)
+                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    out.add(sub.name)
+                elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                    out.add(sub.name)
+    return out
+
+
+def _chains(nodes: list[ast.AST]) -> list[tuple[str, ...]]:
+    """Every loaded name and dotted chain (`pkg.mod.fn`), in order of appearance, once each."""
+    seen: dict[tuple[str, ...], None] = {}
+    for n in nodes:
+        for sub in ast.walk(n):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                seen.setdefault((sub.id,), None)
+            elif isinstance(sub, ast.Attribute):
+                parts: list[str] = []
+                value: ast.AST = sub
+                while isinstance(value, ast.Attribute):
+                    parts.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name):
+                    seen.setdefault((value.id, *reversed(parts)), None)
+    return list(seen)
+
+
+class _Normalize(ast.NodeTransformer):
+    """Drop what does not change behaviour: docstrings and function annotations. In a config
+    class (`blank`), field defaults too: they are fingerprinted by value, one part each."""
+
+    def __init__(self, blank: bool = False) -> None:
+        self.blank = blank
+
+    @staticmethod
+    def _strip_doc(node: Any) -> Any:
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+        return node
+
+    def visit_FunctionDef(self, node: Any) -> Any:
+        node.returns = None
+        blank, self.blank = self.blank, False
+        self.generic_visit(node)
+        self.blank = blank
+        return self._strip_doc(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> Any:
+        blank, self.blank = self.blank, False
+        self.generic_visit(node)
+        if blank:
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign):
+                    stmt.value = None
+        return self._strip_doc(node)
+
+    def visit_arg(self, node: ast.arg) -> Any:
+        node.annotation = None
+        return node
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> Any:
+        """f-strings parse into slightly different pieces across versions (3.12 adds empty
+        strings to format specs): one piece per run of literal text, none empty."""
+        self.generic_visit(node)
+        values: list[ast.expr] = []
+        for value in node.values:
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                if not value.value:
+                    continue
+                if values and isinstance(values[-1], ast.Constant) and isinstance(values[-1].value, str):
+                    values[-1] = ast.Constant(values[-1].value + value.value)
+                    continue
+            values.append(value)
+        node.values = values
+        return node
+
+
+def canonical(node: Any) -> str:
+    """A text for an AST that is the same on every Python version: node type names, fields in
+    name order, empty fields (None, []) and version-specific ones (type_params, kind,
+    type_comment) left out, constants by type and repr."""
+    out: list[str] = []
+    _emit(node, out)
+    return "".join(out)
+
+
+def _emit(node: Any, out: list[str]) -> None:
+    if isinstance(node, ast.AST):
+        out.append(type(node).__name__ + "(")
+        for name in sorted(node._fields):
+            if name in _SKIPPED_FIELDS:
+                continue
+            value = getattr(node, name, None)
+            if value is None or (isinstance(value, list) and not value):
+                continue
+            out.append(name + "=")
+            _emit(value, out)
+            out.append(";")
+        out.append(")")
+    elif isinstance(node, list):
+        out.append("[")
+        for item in node:
+            _emit(item, out)
+            out.append(",")
+        out.append("]")
+    else:
+        out.append(f"{type(node).__name__}:{node!r}")
+
+
+# -- config classes ---------------------------------------------------------------------------------
+
+def _config_classes(cls: type) -> list[type]:
+    """`cls` and every dataclass nested in it (through defaults and declared field types)."""
+    import typing
+
+    found: list[type] = []
+    stack = [cls]
+    while stack:
+        c = stack.pop()
+        if c in found or not dataclasses.is_dataclass(c):
+            continue
+        found.append(c)
+        try:
+            hints = typing.get_type_hints(c)
+        except Exception:  # annotations that do not evaluate here: defaults still lead the way
+            hints = {}
+        for f in dataclasses.fields(c):
+            default = _default_value(f)
+            if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                stack.append(type(default))
+            stack.extend(_dataclasses_in(hints.get(f.name)))
+    return found
+
+
+def _dataclasses_in(hint: Any) -> list[type]:
+    import typing
+
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return [hint]
+    return [c for arg in typing.get_args(hint) for c in _dataclasses_in(arg)]
+
+
+def _default_value(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        try:
+            return f.default_factory()  # type: ignore[misc]
+        except Exception:
+            return dataclasses.MISSING
+    return dataclasses.MISSING
+
+
+def _default_part(f: dataclasses.Field) -> str:
+    """"hash value" of a field's default, by its canonical encoding (executor.identity)."""
+    import json
+
+    from executor.identity import _canonical, encode, plain
+
+    default = _default_value(f)
+    if default is dataclasses.MISSING:
+        return "required (required)"
+    try:
+        body = _canonical(encode(default, lambda ref: f"ref:{ref.step_name}", f.name))
+        shown = _shown(default, json, plain)
+    except Exception:  # no identity (an opaque object): its type is all that can be compared
+        body = shown = f"<{type(default).__qualname__}>"
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return hashlib.sha256(body.encode("utf-8", "backslashreplace")).hexdigest()[:16] + " " + shown
+
+
+def _shown(value: Any, json: Any, plain: Any) -> str:
+    """A short text of a default: a nested config by the fields it sets (its own defaults are
+    parts of their own), anything else as JSON."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        set_fields = [f"{f.name}={_shown(getattr(value, f.name), json, plain)}" for f in dataclasses.fields(value)
+                      if f.init and _default_value(f) is not dataclasses.MISSING
+                      and getattr(value, f.name) != _default_value(f)]
+        return f"{type(value).__qualname__}({', '.join(set_fields)})"
+    return json.dumps(plain(value), sort_keys=True, default=str, ensure_ascii=False)

@@ -1,0 +1,147 @@
+"""Where a reference (`output_of(...)`, `this_output(...)`) may stand in a config, and how it is
+found and resolved: one rule for the digest (executor.identity), the DAG (executor.dag) and the
+worker's resolver.
+
+A reference needs a place to be replaced by its URL when the step runs: a dataclass field, a list
+or tuple item (named tuples included, and they stay that named tuple), or a dict value. A set has
+no places (its items are unordered, and a URL would be hashed anew), and a dict key is not a
+value: a reference in either is refused when the DAG is built, naming the field path.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable
+
+from executor.errors import IdentityError
+from executor.step import InputRef, OwnOutput
+
+REFS = (InputRef, OwnOutput)
+_SCALARS = (str, int, float, bool, type(None), bytes)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass type, once per type."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def input_refs(config: Any) -> list[InputRef]:
+    """Every `output_of` reference in a config, in the order of its fields; an IdentityError naming
+    the field path if one stands where it cannot be resolved (in a set, or as a dict key)."""
+    out: list[InputRef] = []
+    if not _collect(config, out):
+        refuse_misplaced(config, "config")
+    return out
+
+
+def _collect(value: Any, out: list[InputRef]) -> bool:
+    """Append the InputRefs of `value`; False if a reference is misplaced (found again with paths)."""
+    if isinstance(value, _SCALARS):
+        return True
+    if isinstance(value, InputRef):
+        out.append(value)
+        return True
+    if isinstance(value, OwnOutput):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all([_collect(v, out) for v in value])
+    if isinstance(value, dict):
+        return all([_collect(v, out) for v in value.values()]) and not any(_holds_ref(k) for k in value)
+    if isinstance(value, (set, frozenset)):
+        return not any(_holds_ref(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all([_collect(getattr(value, name), out) for name in field_names(type(value))])
+    return True  # not a container: encoding decides whether it has an identity
+
+
+def _holds_ref(value: Any) -> bool:
+    if isinstance(value, _SCALARS):
+        return False
+    if isinstance(value, REFS):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_ref(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_ref(k) or _holds_ref(v) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds_ref(getattr(value, name)) for name in field_names(type(value)))
+    return False
+
+
+def refuse_misplaced(value: Any, path: str) -> None:
+    """Raise an IdentityError at the first reference of `value` that has no place to resolve to."""
+    if isinstance(value, (_SCALARS, *REFS)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            refuse_misplaced(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if _holds_ref(k):
+                raise IdentityError(f"{path}: a dict key holds {_show(k)}; a reference has no identity as a key "
+                                    "(use it as a value: {name: output_of(step)})")
+            refuse_misplaced(v, f"{path}[{k!r}]")
+    elif isinstance(value, (set, frozenset)):
+        if _holds_ref(value):
+            raise IdentityError(f"{path}: a set holds {_show(value)}; a reference in a set has no place to be "
+                                "resolved to its URL (use a tuple or a list)")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for name in field_names(type(value)):
+            refuse_misplaced(getattr(value, name), f"{path}.{name}")
+
+
+def _show(value: Any) -> str:
+    """The first reference inside `value`, as the voyage wrote it."""
+    if isinstance(value, InputRef):
+        return f"output_of({value.step_name!r}{', ' + repr(value.subpath) if value.subpath else ''})"
+    if isinstance(value, OwnOutput):
+        return f"this_output({value.subpath!r})"
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) \
+        else [getattr(value, n) for n in field_names(type(value))]
+    for item in items:
+        for part in (item if isinstance(value, dict) else (item,)):
+            if _holds_ref(part):
+                return _show(part)
+    return repr(value)
+
+
+def resolve(value: Any, url_of: Callable[[str], str], own: str) -> Any:
+    """A copy of a config with every reference replaced by its URL; containers keep their type
+    (a named tuple stays that named tuple) and a dataclass is copied without re-running its
+    `__post_init__`. Parts without references are shared, not copied."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, InputRef):
+        base = url_of(value.step_name)
+        return f"{base}/{value.subpath}" if value.subpath else base
+    if isinstance(value, OwnOutput):
+        return f"{own}/{value.subpath}" if value.subpath else own
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for name in field_names(type(value)):
+            old = getattr(value, name)
+            new = resolve(old, url_of, own)
+            if new is not old:
+                changes[name] = new
+        if not changes:
+            return value
+        clone = copy.copy(value)
+        for k, v in changes.items():
+            object.__setattr__(clone, k, v)
+        return clone
+    if isinstance(value, (list, tuple)):
+        items = [resolve(v, url_of, own) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        if isinstance(value, list):
+            return type(value)(items)
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        out = {k: resolve(v, url_of, own) for k, v in value.items()}
+        return value if all(out[k] is value[k] for k in value) else type(value)(out)
+    return value
