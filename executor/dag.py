@@ -119,6 +119,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
     seen_objects: set[int] = set()
     duplicates: list[Step] = []  # same name, another object: must have the same digest
     types: dict[str, Step] = {}  # step type name -> the first step of that type
+    refs_of: dict[int, list[InputRef]] = {}  # id(step) -> its references, found once
     while pending:
         s = pending.pop()
         if not isinstance(s, Step):
@@ -136,7 +137,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
             duplicates.append(s)
         _check_type_name(types, s)
         try:
-            found = input_refs(s.config)
+            found = refs_of[id(s)] = input_refs(s.config)
         except IdentityError as e:
             raise IdentityError(f"step {s.name!r} ({s.origin}): {e}") from None
         for ref in found:
@@ -146,7 +147,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
     nodes: dict[str, Node] = {name: Node(step) for name, step in by_name.items()}
     for node in nodes.values():
         dep_names: list[str] = []
-        for ref in input_refs(node.step.config):
+        for ref in refs_of[id(node.step)]:
             target = ref.step_name
             if target not in nodes:
                 raise VoyageError(f"step {node.name!r} ({node.step.origin}) refers to unknown step {target!r}")

@@ -33,7 +33,6 @@ when asked), so the fingerprint of a source can be checked under any interpreter
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import hashlib
 import os
@@ -118,8 +117,8 @@ def _unwrap(obj: Any) -> Any:
 class _Module:
     """A parsed module: its top-level bindings (name -> the statements that bind it)."""
 
-    def __init__(self, name: str, file: str, tree: ast.Module) -> None:
-        self.name, self.file, self.tree = name, file, tree
+    def __init__(self, name: str, file: str, tree: ast.Module, key: bytes = b"") -> None:
+        self.name, self.file, self.tree, self.key = name, file, tree, key
         is_package = os.path.basename(file) == "__init__.py"
         self.package = name if is_package else name.rpartition(".")[0]
         self.bindings: dict[str, list[ast.stmt]] = {}
@@ -203,7 +202,7 @@ def _parse(name: str, file: str) -> _Module | None:
         tree = ast.parse(data, filename=file)
     except (SyntaxError, ValueError):
         return None
-    module = _Module(name, file, tree)
+    module = _Module(name, file, tree, key)
     _PARSED[file] = (key, module)
     return module
 
@@ -293,21 +292,10 @@ class _Walker:
     def _visit(self, module: _Module, key: str, nodes: list[ast.AST]) -> None:
         if key in self.parts:
             return
-        blank = key in self.config_keys
-        normal = [_Normalize(blank).visit(copy.deepcopy(n)) for n in nodes]
-        self.parts[key] = hashlib.sha256(canonical(normal).encode("utf-8", "backslashreplace")).hexdigest()[:16]
-        local_imports: dict[str, list[ast.stmt]] = {}
-        for n in normal:
-            for sub in ast.walk(n):
-                if isinstance(sub, (ast.Import, ast.ImportFrom)) and sub is not n:
-                    for alias in sub.names:
-                        bound = alias.asname or (alias.name.partition(".")[0] if isinstance(sub, ast.Import)
-                                                 else alias.name)
-                        local_imports.setdefault(bound, []).append(sub)
-        local = _local_names(normal) - set(local_imports)
-        for chain in _chains(normal):
-            if chain[0] not in local:
-                self._follow(module, chain, local_imports.get(chain[0]))
+        unit = _unit(module, key, nodes, key in self.config_keys)
+        self.parts[key] = unit.hash
+        for chain in unit.chains:
+            self._follow(module, chain, unit.local_imports.get(chain[0]))
 
     def _follow(self, module: _Module, chain: tuple[str, ...], stmts: list[ast.stmt] | None = None) -> None:
         """Visit what `chain` (a name, or a dotted attribute chain) names in `module`."""
@@ -375,18 +363,81 @@ def _stored_names(target: ast.AST) -> list[str]:
     return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
-def _local_names(nodes: list[ast.AST]) -> set[str]:
+@dataclass(frozen=True)
+class _Unit:
+    """What a unit contributes: its hash, the names it loads (outside its own locals), and the
+    imports made inside it."""
+
+    hash: str
+    chains: tuple[tuple[str, ...], ...]
+    local_imports: dict[str, list[ast.stmt]]
+
+
+_UNIT_CACHE: dict[tuple[str, bytes, str, bool], _Unit] = {}  # shared by every fingerprint of a process
+
+
+def _unit(module: _Module, key: str, nodes: list[ast.AST], blank: bool) -> _Unit:
+    cache_key = (module.file, module.key, key, blank)
+    unit = _UNIT_CACHE.get(cache_key)
+    if unit is None:
+        text = canonical(nodes, blank)
+        local_imports: dict[str, list[ast.stmt]] = {}
+        for n in nodes:
+            for sub in _walk(n, blank):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)) and sub is not n:
+                    for alias in sub.names:
+                        bound = alias.asname or (alias.name.partition(".")[0] if isinstance(sub, ast.Import)
+                                                 else alias.name)
+                        local_imports.setdefault(bound, []).append(sub)
+        local = _local_names(nodes, blank) - set(local_imports)
+        chains = tuple(c for c in _chains(nodes, blank) if c[0] not in local)
+        unit = _UNIT_CACHE[cache_key] = _Unit(
+            hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:16], chains, local_imports)
+    return unit
+
+
+def _walk(node: ast.AST, blank: bool = False) -> Any:
+    """Every node under `node`, as the fingerprint sees it: not inside function annotations, nor
+    inside the field defaults of a config class (`blank`)."""
+    stack = [(node, blank)]
+    while stack:
+        current, blank_here = stack.pop()
+        yield current
+        kind = type(current)
+        for name, value in ast.iter_fields(current):
+            if _dropped(kind, name):
+                continue
+            if blank_here and kind is ast.ClassDef and name == "body":
+                for stmt in value:
+                    if isinstance(stmt, ast.AnnAssign):
+                        stack.extend((part, False) for part in (stmt.target, stmt.annotation))
+                    else:
+                        stack.append((stmt, False))
+                continue
+            if isinstance(value, ast.AST):
+                stack.append((value, False))
+            elif isinstance(value, list):
+                stack.extend((item, False) for item in value if isinstance(item, ast.AST))
+
+
+def _dropped(kind: type, name: str) -> bool:
+    """Fields that do not change behaviour: function annotations (and version-specific fields)."""
+    return name in _SKIPPED_FIELDS or (name == "returns" and kind in (ast.FunctionDef, ast.AsyncFunctionDef)) \
+        or (name == "annotation" and kind is ast.arg)
+
+
+def _local_names(nodes: list[ast.AST], blank: bool = False) -> set[str]:
     """Names bound inside functions (parameters, assignments, loop and comprehension variables,
     nested defs): a name loaded there refers to them, not to the module."""
     out: set[str] = set()
     for n in nodes:
-        for fn in ast.walk(n):
+        for fn in _walk(n, blank):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
             a = fn.args
             out.update(arg.arg for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs))
             out.update(arg.arg for arg in (a.vararg, a.kwarg) if arg is not None)
-            for sub in ast.walk(fn):
+            for sub in _walk(fn):
                 if sub is fn:
                     continue
                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
@@ -398,11 +449,11 @@ def _local_names(nodes: list[ast.AST]) -> set[str]:
     return out
 
 
-def _chains(nodes: list[ast.AST]) -> list[tuple[str, ...]]:
+def _chains(nodes: list[ast.AST], blank: bool = False) -> list[tuple[str, ...]]:
     """Every loaded name and dotted chain (`pkg.mod.fn`), in order of appearance, once each."""
     seen: dict[tuple[str, ...], None] = {}
     for n in nodes:
-        for sub in ast.walk(n):
+        for sub in _walk(n, blank):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                 seen.setdefault((sub.id,), None)
             elif isinstance(sub, ast.Attribute):
@@ -416,80 +467,51 @@ def _chains(nodes: list[ast.AST]) -> list[tuple[str, ...]]:
     return list(seen)
 
 
-class _Normalize(ast.NodeTransformer):
-    """Drop what does not change behaviour: docstrings and function annotations. In a config
-    class (`blank`), field defaults too: they are fingerprinted by value, one part each."""
-
-    def __init__(self, blank: bool = False) -> None:
-        self.blank = blank
-
-    @staticmethod
-    def _strip_doc(node: Any) -> Any:
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-        return node
-
-    def visit_FunctionDef(self, node: Any) -> Any:
-        node.returns = None
-        blank, self.blank = self.blank, False
-        self.generic_visit(node)
-        self.blank = blank
-        return self._strip_doc(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> Any:
-        blank, self.blank = self.blank, False
-        self.generic_visit(node)
-        if blank:
-            for stmt in node.body:
-                if isinstance(stmt, ast.AnnAssign):
-                    stmt.value = None
-        return self._strip_doc(node)
-
-    def visit_arg(self, node: ast.arg) -> Any:
-        node.annotation = None
-        return node
-
-    def visit_JoinedStr(self, node: ast.JoinedStr) -> Any:
-        """f-strings parse into slightly different pieces across versions (3.12 adds empty
-        strings to format specs): one piece per run of literal text, none empty."""
-        self.generic_visit(node)
-        values: list[ast.expr] = []
-        for value in node.values:
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                if not value.value:
-                    continue
-                if values and isinstance(values[-1], ast.Constant) and isinstance(values[-1].value, str):
-                    values[-1] = ast.Constant(values[-1].value + value.value)
-                    continue
-            values.append(value)
-        node.values = values
-        return node
+_PASS = ast.Pass()
 
 
-def canonical(node: Any) -> str:
-    """A text for an AST that is the same on every Python version: node type names, fields in
-    name order, empty fields (None, []) and version-specific ones (type_params, kind,
-    type_comment) left out, constants by type and repr."""
+def canonical(node: Any, blank: bool = False) -> str:
+    """A text for an AST that is the same on every Python version, normalized on the way:
+    node type names, fields in name order, empty fields (None, []) and version-specific ones
+    (type_params, kind, type_comment) left out, constants by type and repr; docstrings and
+    function annotations dropped, f-string literal pieces merged (3.12 splits them otherwise);
+    with `blank`, the field defaults of a class body are left out (a config class: its defaults
+    are fingerprinted by value, one part each)."""
     out: list[str] = []
-    _emit(node, out)
+    if isinstance(node, list):
+        out.append("[")
+        for item in node:
+            _emit(item, out, blank)
+            out.append(",")
+        out.append("]")
+    else:
+        _emit(node, out, blank)
     return "".join(out)
 
 
-def _emit(node: Any, out: list[str]) -> None:
+def _emit(node: Any, out: list[str], blank: bool = False, without_value: bool = False) -> None:
     if isinstance(node, ast.AST):
-        out.append(type(node).__name__ + "(")
+        kind = type(node)
+        out.append(kind.__name__ + "(")
         for name in sorted(node._fields):
-            if name in _SKIPPED_FIELDS:
+            if _dropped(kind, name) or (without_value and name == "value"):
                 continue
             value = getattr(node, name, None)
+            if name == "body" and kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+                value = _without_docstring(value)
+            elif name == "values" and kind is ast.JoinedStr:
+                value = _merged(value)
             if value is None or (isinstance(value, list) and not value):
                 continue
             out.append(name + "=")
-            _emit(value, out)
+            if blank and kind is ast.ClassDef and name == "body":
+                out.append("[")
+                for stmt in value:
+                    _emit(stmt, out, without_value=isinstance(stmt, ast.AnnAssign))
+                    out.append(",")
+                out.append("]")
+            else:
+                _emit(value, out)
             out.append(";")
         out.append(")")
     elif isinstance(node, list):
@@ -502,6 +524,27 @@ def _emit(node: Any, out: list[str]) -> None:
         out.append(f"{type(node).__name__}:{node!r}")
 
 
+def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        return body[1:] or [_PASS]
+    return body
+
+
+def _merged(values: list[ast.expr]) -> list[ast.expr]:
+    """One piece per run of literal text in an f-string, none empty."""
+    out: list[ast.expr] = []
+    for value in values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            if not value.value:
+                continue
+            if out and isinstance(out[-1], ast.Constant) and isinstance(out[-1].value, str):
+                out[-1] = ast.Constant(out[-1].value + value.value)
+                continue
+        out.append(value)
+    return out
+
+
 # -- config classes ---------------------------------------------------------------------------------
 
 def _config_classes(cls: type) -> list[type]:
@@ -512,8 +555,8 @@ def _config_classes(cls: type) -> list[type]:
     stack = [cls]
     while stack:
         c = stack.pop()
-        if c in found or not dataclasses.is_dataclass(c):
-            continue
+        if c in found or not dataclasses.is_dataclass(c) or c.__module__.partition(".")[0] == "executor":
+            continue  # the executor's own (an InputRef in an InputPath field) is not config
         found.append(c)
         try:
             hints = typing.get_type_hints(c)

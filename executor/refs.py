@@ -48,15 +48,25 @@ def _collect(value: Any, out: list[InputRef]) -> bool:
         return True
     if isinstance(value, OwnOutput):
         return True
+    ok = True
     if isinstance(value, (list, tuple)):
-        return all([_collect(v, out) for v in value])
-    if isinstance(value, dict):
-        return all([_collect(v, out) for v in value.values()]) and not any(_holds_ref(k) for k in value)
-    if isinstance(value, (set, frozenset)):
-        return not any(_holds_ref(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return all([_collect(getattr(value, name), out) for name in field_names(type(value))])
-    return True  # not a container: encoding decides whether it has an identity
+        for v in value:
+            if not isinstance(v, _SCALARS):
+                ok = _collect(v, out) and ok
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(v, _SCALARS):
+                ok = _collect(v, out) and ok
+            if not isinstance(k, _SCALARS) and _holds_ref(k):
+                ok = False
+    elif isinstance(value, (set, frozenset)):
+        ok = not any(_holds_ref(v) for v in value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for name in field_names(type(value)):
+            v = getattr(value, name)
+            if not isinstance(v, _SCALARS):
+                ok = _collect(v, out) and ok
+    return ok  # anything else is not a container: encoding decides whether it has an identity
 
 
 def _holds_ref(value: Any) -> bool:

@@ -92,7 +92,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     previous = store.read_record(task.dirname)
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
     _close_dead_attempts(attempts, store.read_status(task.dirname))
-    clean = _starts_clean(task, previous, attempts)
+    clean = _starts_clean(task, previous, attempts, inputs)
     attempt = Attempt(number=len(attempts) + 1, state=RUNNING, started=started, host=socket.gethostname(),
                       pid=os.getpid(), node=node, run_id=task.run_id, token=task.token,
                       reason=task.reason + (f"; {clean}" if clean and task.step_type.resumable else ""))
@@ -210,15 +210,20 @@ def _check_inputs_unchanged(store: Store, task: TaskSpec, before: dict[str, Stat
                            f"trusted; run {task.name} again")
 
 
-def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt]) -> str:
+def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt], inputs: list[InputInfo]) -> str:
     """Why a resumable step must not resume from its folder ("" if it may): resume applies only
-    within one lineage of one recipe and code."""
+    within one lineage of one recipe, code and inputs."""
     if task.fresh and not any(a.run_id == task.run_id and a.token == task.token for a in attempts):
         return "starts clean (forced, or made without an input before)"  # a Ray retry of it resumes
-    recorded = previous.code_fingerprint if previous is not None else ""
+    if previous is None or not attempts:
+        return ""
+    recorded = previous.code_fingerprint
     if recorded and recorded.split(":")[0] == task.code_fingerprint.split(":")[0] and \
             recorded != task.code_fingerprint:
         return "starts clean: the code changed since the attempt that left the folder"
+    read_then = {i.name: i.output_digest for i in previous.inputs}
+    if read_then != {i.name: i.output_digest for i in inputs}:
+        return "starts clean: its inputs changed since the attempt that left the folder"
     return ""
 
 

@@ -220,6 +220,48 @@ def test_item6_rerun_of_a_resumable_step_starts_clean(voyage_dir, tmp_path, caps
     assert read(prefix, "s", "shard-0") == read(prefix, "s", "shard-1") == "two"
 
 
+RESUMABLE_CONSUMER = """
+@dataclass(frozen=True)
+class Salty:
+    salt_file: str = run_only(default="")
+
+@step_type(version="1")
+def salted_source(config: Salty, ctx):
+    with ctx.open("out.txt", "w") as f:
+        f.write(open(config.salt_file).read())
+
+@dataclass(frozen=True)
+class Copy:
+    src: InputPath
+
+@step_type(version="1", resumable=True)
+def resume_copy(config: Copy, ctx):
+    for i in range(2):
+        if not ctx.exists(f"shard-{i}"):  # the ledger: a committed shard is skipped on resume
+            with ctx.open(f"shard-{i}", "w") as f, fsspec.open(config.src, "r") as src:
+                f.write(src.read())
+
+@dataclass(frozen=True)
+class VConfig:
+    salt_file: str = ""
+
+def voyage(config: VConfig):
+    x = Step("x", salted_source, Salty(config.salt_file))
+    return [Step("r", resume_copy, Copy(output_of(x, "out.txt")))]
+"""
+
+
+def test_item6_a_resumable_step_whose_inputs_changed_starts_clean(voyage_dir, tmp_path, capsys):
+    v, prefix, salt = _voyage(voyage_dir, RESUMABLE_CONSUMER), tmp_path / "p", tmp_path / "salt"
+    salt.write_text("one")
+    args = [v, "--prefix", prefix, "--no-live-page", "--salt_file", salt]
+    assert cli(args, capsys)[0] == 0
+    salt.write_text("two")
+    code, out, err = cli(args + ["--rerun", "x", "--downstream"], capsys)
+    assert code == 0, out + err
+    assert read(prefix, "r", "shard-0") == read(prefix, "r", "shard-1") == "two"
+
+
 # -- item 11: logs are not artifacts --------------------------------------------------------------------
 
 LOGS = """
