@@ -262,6 +262,44 @@ def test_item6_a_resumable_step_whose_inputs_changed_starts_clean(voyage_dir, tm
     assert read(prefix, "r", "shard-0") == read(prefix, "r", "shard-1") == "two"
 
 
+RESUMABLE_FAILING = """
+import os
+
+@dataclass(frozen=True)
+class Once:
+    marker: str = run_only(default="")
+
+@step_type(version="1", resumable=True)
+def fail_once(config: Once, ctx):
+    if not ctx.exists("shard-0"):
+        with ctx.open("shard-0", "w") as f:
+            f.write("made by the first code")
+    if not os.path.exists(config.marker):  # the first attempt dies after its first shard
+        open(config.marker, "w").close()
+        raise RuntimeError("killed")
+
+@dataclass(frozen=True)
+class VConfig:
+    marker: str = ""
+
+def voyage(config: VConfig):
+    return [Step("f", fail_once, Once(config.marker))]
+"""
+
+
+def test_item6_a_resumable_step_whose_code_changed_starts_clean(voyage_dir, tmp_path, capsys):
+    v, prefix = _voyage(voyage_dir, RESUMABLE_FAILING), tmp_path / "p"
+    args = [v, "--prefix", prefix, "--no-live-page", "--marker", tmp_path / "marker"]
+    assert cli(args, capsys)[0] == 1  # the first attempt leaves shard-0 and fails
+    with open(v) as f:
+        text = f.read()
+    with open(v, "w") as f:
+        f.write(text.replace("made by the first code", "made by the fixed code"))
+    code, out, err = cli(args, capsys)
+    assert code == 0 and "RETRY" in out, out + err
+    assert read(prefix, "f", "shard-0") == "made by the fixed code"
+
+
 # -- item 11: logs are not artifacts --------------------------------------------------------------------
 
 LOGS = """
