@@ -215,6 +215,11 @@ def _module_file(name: str) -> str | None:
         return file if file.endswith(".py") else None
     if module is not None and not hasattr(module, "__path__"):
         return None  # built in, or made at run time
+    return _on_path(name)
+
+
+def _on_path(name: str) -> str | None:
+    """Where `import name` would find its source on sys.path."""
     parts = name.split(".")
     for entry in sys.path:
         base = os.path.join(entry or os.getcwd(), *parts)
@@ -222,6 +227,26 @@ def _module_file(name: str) -> str | None:
             if os.path.isfile(candidate):
                 return candidate
     return None
+
+
+_LABELS: dict[tuple[str, str | None], str] = {}
+
+
+def _label(name: str) -> str:
+    """How parts name a module: its import name, or, for a file loaded by path under a name of
+    the loader's choosing (a voyage file is `marin_voyage_hello` under marin-run, something
+    else under a test or a notebook), the file's own name, so both agree on its parts."""
+    file = _module_file(name)
+    label = _LABELS.get((name, file))
+    if label is None:
+        found = _on_path(name) if file else None
+        if file is None or (found is not None and os.path.realpath(found) == os.path.realpath(file)):
+            label = name
+        else:
+            stem = os.path.splitext(os.path.basename(file))[0]
+            label = os.path.basename(os.path.dirname(file)) if stem == "__init__" else stem
+        _LABELS[(name, file)] = label
+    return label
 
 
 def _is_project(file: str) -> bool:
@@ -268,7 +293,7 @@ class _Walker:
     def function(self, fn: Any) -> None:
         code = getattr(fn, "__code__", None)
         modname = getattr(fn, "__module__", None) or "?"
-        key = f"{modname}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
+        key = f"{_label(modname)}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
         module = self._module(modname, entry=True) if code is not None else None
         node = module.function_at(fn.__name__, code.co_firstlineno) if module is not None else None
         if node is None:
@@ -278,15 +303,15 @@ class _Walker:
 
     def config(self, cls: type) -> None:
         classes = _config_classes(cls)
-        self.config_keys.update(f"{c.__module__}.{c.__qualname__}" for c in classes)
+        self.config_keys.update(f"{_label(c.__module__)}.{c.__qualname__}" for c in classes)
         for c in classes:
             for f in dataclasses.fields(c):
                 if f.init and not f.metadata.get("run_only"):
-                    self.parts[f"default {c.__module__}.{c.__qualname__}.{f.name}"] = _default_part(f)
+                    self.parts[f"default {_label(c.__module__)}.{c.__qualname__}.{f.name}"] = _default_part(f)
             module = self._module(c.__module__)
             node = module.class_named(c.__qualname__) if module is not None else None
             if node is not None:
-                self._visit(module, f"{c.__module__}.{c.__qualname__}", [node])
+                self._visit(module, f"{_label(c.__module__)}.{c.__qualname__}", [node])
 
     # -- units ------------------------------------------------------------------------------------
     def _visit(self, module: _Module, key: str, nodes: list[ast.AST]) -> None:
@@ -307,7 +332,7 @@ class _Walker:
         stmts = stmts if stmts is not None else module.bindings.get(head, [])
         units = [s for s in stmts if isinstance(s, _UNITS)]
         if units:
-            self._visit(module, f"{module.name}.{head}", units)
+            self._visit(module, f"{_label(module.name)}.{head}", units)
         for stmt in stmts:
             if isinstance(stmt, ast.Import):
                 for alias in stmt.names:

@@ -251,3 +251,17 @@ def test_the_fingerprint_is_pinned_and_the_same_on_other_python_versions(module,
         out = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == PINNED, python
+
+
+def test_a_voyage_file_loaded_under_two_module_names_has_one_fingerprint():
+    """marin-run loads voyages/hello.py as `marin_voyage_hello`, a notebook or a test under
+    another name: the same file must not look drifted from one to the other."""
+    import importlib.util
+
+    fps = []
+    for name in ("marin_voyage_hello_fp", "hello_fp_under_another_name"):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "voyages", "hello.py"))
+        mod = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fps.append(code_fingerprint(mod.count_words, mod.CountConfig))
+    assert fps[0] == fps[1] and "hello.count_words" in fps[0].parts

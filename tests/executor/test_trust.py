@@ -457,8 +457,8 @@ def voyage():
 
 
 @pytest.mark.parametrize("edit, named", [
-    (("n: int = 1", "n: int = 1000"), "default of marin_voyage_v.Knob.n: 1 -> 1000"),
-    (("n * 2", "n * 3"), "marin_voyage_v.scale"),
+    (("n: int = 1", "n: int = 1000"), "default of v.Knob.n: 1 -> 1000"),
+    (("n * 2", "n * 3"), "v.scale changed"),
 ])
 def test_item5_a_changed_default_or_helper_plans_cached_with_a_note_naming_it(voyage_dir, tmp_path, capsys, edit,
                                                                              named):
