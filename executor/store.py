@@ -27,8 +27,11 @@ import uuid
 from typing import Any, Iterable
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field, ValidationError
+
+# Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (executor.files, which every
+# module writes through); `temp_path` is re-exported for the modules that name such files.
+from executor.files import TEMP_PREFIX, is_local, temp_path, write_atomic  # noqa: F401
 
 log = logging.getLogger("marin.store")
 
@@ -40,16 +43,6 @@ STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
 CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
-# Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (steps/data/formats.py
-# follows the same rule without importing this module).
-TEMP_PREFIX = ".tmp-"
-
-
-def temp_path(path: str) -> str:
-    """Where to write `path` before an atomic rename into place."""
-    head, tail = posixpath.split(path)
-    return posixpath.join(head, f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{tail}")
-
 RUNNING, SUCCESS, FAILED = "RUNNING", "SUCCESS", "FAILED"
 
 
@@ -135,7 +128,7 @@ class Store:
         self.prefix = prefix.rstrip("/") or "/"
         self.fs, root = url_to_fs(self.prefix, **storage_options)
         self.root = root.rstrip("/")
-        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.is_local = is_local(self.fs)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self._scheme = "" if self.is_local else f"{protocol}://"
 
@@ -287,18 +280,7 @@ class Store:
     # -- io -------------------------------------------------------------------------------------
     def write_json(self, path: str, obj: Any) -> None:
         """Write a small JSON file so that readers see the old or the new content, never half."""
-        data = json.dumps(obj, indent=1, sort_keys=True).encode()
-        if self.is_local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = temp_path(path)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        else:
-            # Object stores replace a whole object atomically on upload.
-            self.fs.pipe_file(path, data)
+        write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode(), fs=self.fs, fsync=True)
 
 
 def output_digest(manifest: Iterable[ManifestEntry]) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from executor import StepContext, VoyageError, run_only, step_type
+from executor import StepContext, VoyageError, is_local, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, url_fs, write_bytes, write_json
 from steps.data.minhash import MinHasher, band_keys
@@ -162,7 +162,7 @@ def _save(url: str, arr: np.ndarray) -> None:
 
 def _load(url: str, mmap: bool = True) -> np.ndarray:
     fs, path = url_fs(url)
-    if mmap and "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    if mmap and is_local(fs):
         return np.load(path, mmap_mode="r")
     return np.load(io.BytesIO(fs.cat_file(path)))
 

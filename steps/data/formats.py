@@ -8,20 +8,19 @@ else uint32) and `NAME.offsets`, int64, the start of every document plus the end
 `documents + 1` entries, first 0), listed by a `manifest.json` (format `marin-tokens/1`) with
 token and document counts.
 
-Every file is written under a temporary name and renamed into place (on an object store, where
-an upload becomes visible only once it is finalized, in place and committed at the end; see
-`AtomicFile`), and a shard counts as done only once its ledger marker exists, so a half-written
-shard is never taken for a finished one.
-The trainer reads tokens with `TokenDataset`, which needs neither Ray nor the executor.
+Every file is written through the executor's one atomic-write helper (`executor.AtomicFile`:
+a temporary name renamed into place, or on an object store an upload committed at the end), and
+a shard counts as done only once its ledger marker exists, so a half-written shard is never taken
+for a finished one.
+The trainer reads tokens with `TokenDataset`, which needs no Ray (only the executor's file
+helpers).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import logging
 import posixpath
-import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -30,7 +29,7 @@ import fsspec
 import numpy as np
 import zstandard
 
-log = logging.getLogger("marin.data")
+from executor import AtomicFile, is_local, write_atomic
 
 DOCS_FORMAT = "marin-documents/1"
 TOKENS_FORMAT = "marin-tokens/1"
@@ -95,58 +94,8 @@ def write_json(url: str, obj: Any) -> None:
 
 
 def write_bytes(url: str, data: bytes) -> None:
-    with AtomicFile(url) as f:
-        f.write(data)
-
-
-class AtomicFile:
-    """A file that readers see whole or not at all.
-
-    Where a rename is atomic and cheap (a local disk, memory://), the file is written under a
-    temporary name in the same folder and renamed into place on success (deleted on failure).
-    An object store (gs://, s3://, ...) makes an object visible only once its upload is
-    finalized, so there the file is written in place with fsspec's `autocommit=False`: committed
-    on success, its upload discarded on failure (`executor.store.Store.write_json` also writes in
-    place there). A rename there buys nothing and costs requests: gcsfs tries the `moveTo` API and,
-    where it is missing (the GCS emulator answers 501, which gcsfs retries for about 30 s), falls
-    back to copy + delete, which leaves the temporary object behind if the task dies in between."""
-
-    def __init__(self, url: str) -> None:
-        self.fs, self.path = url_fs(url)
-        self.in_place = not _renames_atomically(self.fs)
-        head, tail = posixpath.split(self.path)
-        self.tmp = posixpath.join(head, f".tmp-{uuid.uuid4().hex[:12]}-{tail}")
-        self.fs.makedirs(head, exist_ok=True)
-        self.f: Any = None
-
-    def __enter__(self) -> Any:
-        self.f = self.fs.open(self.path, "wb", autocommit=False) if self.in_place else self.fs.open(self.tmp, "wb")
-        return self.f
-
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        if self.in_place:
-            self.f.close()  # with autocommit=False: uploaded (or held) but not visible yet
-            if exc_type is None:
-                self.f.commit()
-                self.fs.invalidate_cache(self.path)  # a listing made before the commit lacks it
-            else:
-                try:
-                    self.f.discard()
-                except Exception as e:  # never committed, so never visible; the upload merely lingers
-                    log.warning("could not cancel the upload of %s: %s", self.path, e)
-            return
-        self.f.close()
-        if exc_type is None:
-            self.fs.mv(self.tmp, self.path)
-        else:
-            self.fs.rm(self.tmp)
-
-
-def _renames_atomically(fs: fsspec.AbstractFileSystem) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    return isinstance(fs, (LocalFileSystem, MemoryFileSystem))
+    """Write a file that readers see whole or not at all (`executor.write_atomic`)."""
+    write_atomic(url, data)
 
 
 # -- documents --------------------------------------------------------------------------------
@@ -342,7 +291,7 @@ class TokenDataset:
             raise ValueError(f"{url}: not a token dataset (format {self.manifest.get('format')!r})")
         self.dtype = np.dtype(self.manifest["dtype"])
         self.fs, self._root = url_fs(self.url)
-        self._local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self._local = is_local(self.fs)
         self.shards: list[_Shard] = []
         start = 0
         for s in self.manifest["shards"]:
