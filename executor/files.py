@@ -142,6 +142,24 @@ def write_atomic(url: str, data: bytes, fs: fsspec.AbstractFileSystem | None = N
         f.write(data)
 
 
+def create_local(path: str, data: bytes) -> bool:
+    """Create the local file `path` holding `data`, only if no such file exists, in one step:
+    nobody ever sees it empty or half written. False if it already existed."""
+    tmp = temp_path(path)
+    os.makedirs(posixpath.dirname(path), exist_ok=True)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # fails if `path` exists: exclusive create, with the content already in
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        _remove_quietly(tmp)
+
+
 def _remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
