@@ -56,9 +56,11 @@ def explain(e: BaseException, timeout: float | None = None) -> str:
     if "ClientConnectorError" in names:
         return f"cannot connect to {getattr(e, 'host', '?')}:{getattr(e, 'port', '?')} ({_os_reason(e)})"
     if names & {"FSTimeoutError", "TimeoutError", "ServerTimeoutError", "ConnectionTimeoutError"}:
-        return f"no answer within {timeout:g} s" if timeout else f"timed out ({first or type(e).__name__})"
+        return (f"no usable answer within {timeout:g} s (MARIN_STORE_TIMEOUT)" if timeout
+                else f"timed out ({first or type(e).__name__})")
     if "HttpError" in names:
-        code, message = getattr(e, "code", "?"), (getattr(e, "message", "") or first).splitlines()[0]
+        code, message = getattr(e, "code", "?"), str(getattr(e, "message", "") or first)
+        message = (message.splitlines() or [""])[0].removesuffix(f", {code}")  # gcsfs appends the code
         return f"HTTP {code}" + (f" ({message})" if message else "")
     if names & {"DefaultCredentialsError", "RefreshError", "GoogleAuthError"}:
         return f"no usable credentials ({first})"
@@ -78,8 +80,11 @@ def explain(e: BaseException, timeout: float | None = None) -> str:
 
 
 def _os_reason(e: BaseException) -> str:
-    inner = getattr(e, "os_error", None)
-    return (getattr(inner, "strerror", None) or str(inner or e)).strip()
+    inner = getattr(e, "os_error", None) or e
+    errno = getattr(inner, "errno", None)
+    if isinstance(errno, int) and errno > 0:  # asyncio puts the address, not the reason, in strerror
+        return os.strerror(errno)
+    return (getattr(inner, "strerror", None) or str(inner)).strip()
 
 
 def _transient(e: BaseException) -> bool:
