@@ -3,10 +3,12 @@
 Inputs are JSONL (plain, gzip or zstd) or Parquet. Every input file is read as a stream by one
 task (`ctx.map`); it becomes one or more output shards `documents/FFFFF-PPPP.jsonl.zst` of at
 most `max_docs_per_shard` documents each, `{"id", "text", "metadata"}` per line. A record that
-cannot be used is never fatal: it is counted under its reason and written, truncated, to
-`rejects/FFFFF.jsonl.zst`. Reasons: `invalid_utf8`, `invalid_json`, `not_an_object`, `no_text`
-(field missing or not a string), `empty_text` (empty or blank), `corrupt_file` (the stream broke
-off; what was read before is kept).
+cannot be used is counted under its reason and written, truncated, to `rejects/FFFFF.jsonl.zst`.
+Reasons: `invalid_utf8`, `invalid_json`, `not_an_object`, `no_text` (field missing or not a
+string), `empty_text` (empty or blank), `corrupt_file` (the stream broke off; what was read before
+is kept). A few rejects are normal; many mean the source is read wrong (text under another field,
+the wrong format): the step fails, naming the reasons and one example, when rejects are more than
+`max_reject_share` of the records (default 1%), or when no document is left.
 
 Resumable per input file: a file is done once `ledger/FFFFF.json` exists (written last, after
 its shards were renamed into place), so a crashed run redoes only the unfinished files.
@@ -20,11 +22,16 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from executor import StepContext, run_only, step_type
+from executor import StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, read_json, url_fs, \
     write_json
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
+EXAMPLE_SNIPPET = 200  # characters of the example reject named when the step fails
+
+
+class TooManyRejects(Exception):
+    """More of a source's records were rejected than its config allows (or all of them)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,14 @@ class IngestConfig:
     # Where relative local inputs are read from (default: the working directory). Run-only, so a
     # repository-relative input names the same step from any checkout and any working directory.
     root: str = run_only(default="")
+    # The step fails when more than this share of the records is rejected. Run-only: it decides
+    # whether an output is accepted, never what it holds, so raising it after a failure retries
+    # in the same folder (and a resumed ingest redoes no file).
+    max_reject_share: float = run_only(default=0.01)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_reject_share <= 1.0:
+            raise VoyageError(f"ingest: max_reject_share must be between 0 and 1, got {self.max_reject_share}")
 
 
 @dataclass(frozen=True)
@@ -63,16 +78,39 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
     ctx.map(_ingest_files, jobs)
 
-    shards, rejects, documents = [], collections.Counter(), 0
+    shards, rejects, documents, example = [], collections.Counter(), 0, None
     for i in range(len(files)):
         ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
         shards += ledger["shards"]
         rejects.update(ledger["rejects"])
         documents += ledger["documents"]
+        example = example or ledger.get("example")
+    check_rejects(documents, rejects, example, config)
     write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
                                     "rejects": dict(sorted(rejects.items())), "sources": files})
     ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
                        rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
+
+
+def check_rejects(documents: int, rejects: collections.Counter, example: dict[str, Any] | None,
+                  config: IngestConfig) -> None:
+    """Raise TooManyRejects, naming the reasons and one example, if more than
+    `config.max_reject_share` of the records were rejected or no document is left."""
+    rejected = sum(rejects.values())
+    total = documents + rejected
+    if documents and rejected <= config.max_reject_share * total:
+        return
+    if not total:
+        raise TooManyRejects(f"ingest: no records in {config.input!r}")
+    reasons = ", ".join(f"{reason} {n}" for reason, n in rejects.most_common())
+    text = (f"ingest: {rejected} of {total} records rejected ({100 * rejected / total:.1f}%, more than "
+            f"max_reject_share {config.max_reject_share:g}): {reasons}")
+    if example:
+        text += (f"; e.g. {posixpath.basename(example['source'])} line {example['line']} ({example['reason']}): "
+                 f"{example['record']}")
+        if example.get("fields") is not None and example["reason"] == "no_text":
+            text += f" (fields {', '.join(example['fields'])}; text_field is {config.text_field!r})"
+    raise TooManyRejects(text)
 
 
 def _ingest_files(job: _Job) -> int:
@@ -87,6 +125,7 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
     writer: DocumentWriter | None = None
     reject_writer = DocumentWriter(join(output, f"rejects/{index:05d}.jsonl.zst"))
     stem = posixpath.basename(url_fs(url)[1])
+    example: dict[str, Any] | None = None
     try:
         for line_no, record, reason, raw in _records(url):
             doc = None if reason else _normalize(record, config, stem, line_no)
@@ -96,6 +135,10 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
                 rejects[reason] += 1
                 reject_writer.write({"source": url, "line": line_no, "reason": reason,
                                      "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
+                if example is None:
+                    example = {"source": url, "line": line_no, "reason": reason,
+                               "record": raw.decode("utf-8", "replace")[:EXAMPLE_SNIPPET],
+                               "fields": sorted(map(str, record)) if isinstance(record, dict) else None}
                 continue
             if writer is None or writer.count >= config.max_docs_per_shard:
                 if writer is not None:
@@ -119,7 +162,7 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
     reject_writer.close()
     write_json(join(output, f"ledger/{index:05d}.json"),
                {"source": url, "shards": shards, "documents": sum(s["documents"] for s in shards),
-                "rejects": dict(rejects)})
+                "rejects": dict(rejects), "example": example})
 
 
 def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
