@@ -6,7 +6,8 @@ compressed (`.gz`, `.zst`), listed by a `manifest.json` (format `marin-documents
 Tokens: per shard a flat little-endian array `NAME.tokens` (uint16 when the vocabulary fits,
 else uint32) and `NAME.offsets`, int64, the start of every document plus the end (so
 `documents + 1` entries, first 0), listed by a `manifest.json` (format `marin-tokens/1`) with
-token and document counts.
+token and document counts, the tokenizer and each shard's source (named relative to the folder
+when in the same prefix, see `steps.data.refs`; `read_tokens_manifest` resolves them).
 
 Every file is written through the executor's one atomic-write helper (`executor.AtomicFile`:
 a temporary name renamed into place, or on an object store an upload committed at the end), and
@@ -30,6 +31,7 @@ import numpy as np
 import zstandard
 
 from executor import AtomicFile, is_local, write_atomic
+from steps.data.refs import resolve
 
 DOCS_FORMAT = "marin-documents/1"
 TOKENS_FORMAT = "marin-tokens/1"
@@ -277,6 +279,18 @@ class _Shard:
     start: int  # first token's index in the whole dataset
 
 
+def read_tokens_manifest(url: str) -> dict[str, Any]:
+    """The manifest of a token dataset folder, its tokenizer and shard sources resolved to URLs."""
+    folder = url.rstrip("/")
+    manifest = read_json(join(folder, MANIFEST))
+    if isinstance(manifest.get("tokenizer"), str):
+        manifest["tokenizer"] = resolve(manifest["tokenizer"], folder)
+    for shard in manifest.get("shards", []):
+        if isinstance(shard.get("source"), str):
+            shard["source"] = resolve(shard["source"], folder)
+    return manifest
+
+
 class TokenDataset:
     """A tokenized dataset (the output of `tokenize`) read from any fsspec URL.
 
@@ -286,7 +300,7 @@ class TokenDataset:
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.manifest = read_json(join(self.url, MANIFEST))
+        self.manifest = read_tokens_manifest(self.url)
         if self.manifest.get("format") != TOKENS_FORMAT:
             raise ValueError(f"{url}: not a token dataset (format {self.manifest.get('format')!r})")
         self.dtype = np.dtype(self.manifest["dtype"])

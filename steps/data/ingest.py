@@ -12,6 +12,10 @@ the wrong format): the step fails, naming the reasons and one example, when reje
 
 Resumable per input file: a file is done once `ledger/FFFFF.json` exists (written last, after
 its shards were renamed into place), so a crashed run redoes only the unfinished files.
+
+Input files are named in the output (manifest, ledgers, rejects) as the config names them: a
+relative input read from `root` stays relative, so the same corpus in two checkouts gives the same
+bytes and output digest.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ class _Job:
     """One task: input files by index (small, picklable)."""
 
     output: str
-    files: tuple[tuple[int, str], ...]
+    files: tuple[tuple[int, str, str], ...]  # (index, URL, name as the config gives it)
     config: IngestConfig
 
 
@@ -72,7 +76,8 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     files = expand(_rooted(config.input, config.root))
     if not files:
         raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
-    todo = [(i, url) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
+    names = [_as_given(url, config.root) for url in files]
+    todo = [(i, url, names[i]) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
     ctx.logger.info("ingest: %d input files, %d to do", len(files), len(todo))
     step = max(1, config.files_per_task)
     jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
@@ -87,7 +92,7 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
         example = example or ledger.get("example")
     check_rejects(documents, rejects, example, config)
     write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
-                                    "rejects": dict(sorted(rejects.items())), "sources": files})
+                                    "rejects": dict(sorted(rejects.items())), "sources": names})
     ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
                        rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
 
@@ -114,12 +119,13 @@ def check_rejects(documents: int, rejects: collections.Counter, example: dict[st
 
 
 def _ingest_files(job: _Job) -> int:
-    for index, url in job.files:
-        _ingest_one(job.output, index, url, job.config)
+    for index, url, name in job.files:
+        _ingest_one(job.output, index, url, job.config, name)
     return len(job.files)
 
 
-def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None:
+def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: str | None = None) -> None:
+    name = name or url
     rejects: collections.Counter = collections.Counter()
     shards: list[dict[str, Any]] = []
     writer: DocumentWriter | None = None
@@ -133,10 +139,10 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
                 reason, doc = doc, None
             if doc is None:
                 rejects[reason] += 1
-                reject_writer.write({"source": url, "line": line_no, "reason": reason,
+                reject_writer.write({"source": name, "line": line_no, "reason": reason,
                                      "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
                 if example is None:
-                    example = {"source": url, "line": line_no, "reason": reason,
+                    example = {"source": name, "line": line_no, "reason": reason,
                                "record": raw.decode("utf-8", "replace")[:EXAMPLE_SNIPPET],
                                "fields": sorted(map(str, record)) if isinstance(record, dict) else None}
                 continue
@@ -149,7 +155,7 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
                 writer.write(doc)
             except UnicodeEncodeError:  # e.g. a lone surrogate inside metadata
                 rejects["invalid_utf8"] += 1
-                reject_writer.write({"source": url, "line": line_no, "reason": "invalid_utf8",
+                reject_writer.write({"source": name, "line": line_no, "reason": "invalid_utf8",
                                      "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
     except BaseException:
         if writer is not None:
@@ -161,7 +167,7 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
         shards.append({"path": _rel(writer.url, output), "documents": writer.count})
     reject_writer.close()
     write_json(join(output, f"ledger/{index:05d}.json"),
-               {"source": url, "shards": shards, "documents": sum(s["documents"] for s in shards),
+               {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
                 "rejects": dict(rejects), "example": example})
 
 
@@ -171,6 +177,12 @@ def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
         return url if not root or "://" in url or posixpath.isabs(url) else join(root, url)
 
     return one(spec) if isinstance(spec, str) else tuple(one(u) for u in spec)
+
+
+def _as_given(url: str, root: str) -> str:
+    """An input file as the config names it: relative to `root` if it was read from there."""
+    base = root.rstrip("/")
+    return url[len(base) + 1:] if base and url.startswith(base + "/") else url
 
 
 def _rel(url: str, root: str) -> str:
