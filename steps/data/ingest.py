@@ -108,8 +108,9 @@ def check_rejects(documents: int, rejects: collections.Counter, example: dict[st
     if not total:
         raise TooManyRejects(f"ingest: no records in {config.input!r}")
     reasons = ", ".join(f"{reason} {n}" for reason, n in rejects.most_common())
-    text = (f"ingest: {rejected} of {total} records rejected ({100 * rejected / total:.1f}%, more than "
-            f"max_reject_share {config.max_reject_share:g}): {reasons}")
+    why = (f"more than max_reject_share {config.max_reject_share:g}" if rejected > config.max_reject_share * total
+           else "no document left")
+    text = f"ingest: {rejected} of {total} records rejected ({100 * rejected / total:.1f}%, {why}): {reasons}"
     if example:
         text += (f"; e.g. {posixpath.basename(example['source'])} line {example['line']} ({example['reason']}): "
                  f"{example['record']}")

@@ -94,11 +94,11 @@ def test_resume_redoes_only_unfinished_files(tmp_path, monkeypatch):
     real = ingest_mod._ingest_one
     seen = []
 
-    def crash_on_third(output, index, url, config):
+    def crash_on_third(output, index, url, config, name=None):
         seen.append(index)
         if index == 2:
             raise RuntimeError("worker died")
-        real(output, index, url, config)
+        real(output, index, url, config, name)
 
     monkeypatch.setattr(ingest_mod, "_ingest_one", crash_on_third)
     with pytest.raises(RuntimeError):
@@ -157,6 +157,11 @@ def test_rejects_within_the_declared_share_pass(tmp_path):
     assert ctx.results["rejected"] == 1 and ctx.results["documents"] == 99
     with pytest.raises(ingest_mod.TooManyRejects, match="empty_text 1"):
         ingest(IngestConfig(input=str(raw), max_reject_share=0.0), _ctx(tmp_path, "strict"))
+    everything = tmp_path / "bad"
+    everything.mkdir()
+    (everything / "b.jsonl").write_text('{"text": ""}\n[1]\n')
+    with pytest.raises(ingest_mod.TooManyRejects, match=r"2 of 2 records rejected \(100.0%, no document left\)"):
+        ingest(IngestConfig(input=str(everything), max_reject_share=1.0), _ctx(tmp_path, "lenient"))
     from executor import VoyageError
     with pytest.raises(VoyageError, match="max_reject_share"):
         IngestConfig(input="x", max_reject_share=1.5)
