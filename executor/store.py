@@ -220,7 +220,6 @@ class Store:
         """The record, or None if there is none (or it is corrupt, with a warning); StoreError if
         it cannot be read."""
         path = self.path(dirname, RECORD)
-        self.reach()
         try:
             data = self._bounded(lambda **bound: self.fs.cat_file(path, **bound), "read", self.to_url(path))
         except FileNotFoundError:
