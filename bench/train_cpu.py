@@ -13,7 +13,6 @@ wall is the whole step, checkpoints included.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os

@@ -8,12 +8,17 @@ and for planning and running from Python (what `marin-run` does):
 
     from executor import plan_steps, run_steps, Selection
 
+and for files that readers see whole or not at all:
+
+    from executor import AtomicFile, write_atomic
+
 Importing it imports neither Ray nor torch.
 """
 
 from executor.api import plan_steps, run_plan, run_steps
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
+from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.plan import Plan, Selection
 from executor.runner import RunSummary
 from executor.state import StepState
@@ -32,6 +37,7 @@ from executor.step import (
 )
 
 __all__ = [
+    "AtomicFile",
     "IdentityError",
     "InputPath",
     "InputRef",
@@ -46,6 +52,8 @@ __all__ = [
     "StepState",
     "StepType",
     "VoyageError",
+    "is_local",
+    "is_object_store",
     "output_of",
     "plan_steps",
     "run_only",
@@ -53,4 +61,5 @@ __all__ = [
     "run_steps",
     "step_type",
     "this_output",
+    "write_atomic",
 ]

@@ -343,8 +343,9 @@ def _config_help(config_class: type, voyage_path: str) -> None:
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("fsspec", "gcsfs", "urllib3", "asyncio", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for noisy in ("fsspec", "gcsfs", "urllib3", "asyncio", "filelock", "google", "aiohttp"):
+        # Their retries and tracebacks stay out of the terminal: a store error is one line of ours.
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 if __name__ == "__main__":

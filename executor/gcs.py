@@ -14,14 +14,23 @@ and times, so no one else writes the same ones).
 from __future__ import annotations
 
 import json
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from fsspec.asyn import sync
 
 
-def read_with_generation(fs: Any, path: str) -> tuple[int | None, bytes | None]:
-    """(generation, bytes) of an object, or (None, None) if it does not exist.
+class GcsObject(NamedTuple):
+    """An object's generation, bytes and last-write time (seconds since the epoch, GCS's clock)."""
+
+    generation: int
+    data: bytes
+    updated: float | None
+
+
+def read_object(fs: Any, path: str) -> GcsObject | None:
+    """The object at `path` with its generation, or None if it does not exist.
 
     The generation comes from a metadata request of its own, not `fs.info`, which may answer
     from gcsfs's listing cache: a stale generation would make every compare-and-swap fail. The
@@ -34,11 +43,19 @@ def read_with_generation(fs: Any, path: str) -> tuple[int | None, bytes | None]:
         return await fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True)
 
     try:
-        generation = int(sync(fs.loop, metadata).get("generation") or 0)
+        meta = sync(fs.loop, metadata)
         data = fs.cat_file(path)
     except FileNotFoundError:
-        return None, None
-    return generation, data
+        return None
+    updated = meta.get("updated")
+    return GcsObject(int(meta.get("generation") or 0), data,
+                     datetime.fromisoformat(updated).timestamp() if updated else None)
+
+
+def read_with_generation(fs: Any, path: str) -> tuple[int | None, bytes | None]:
+    """(generation, bytes) of an object, or (None, None) if it does not exist (see `read_object`)."""
+    found = read_object(fs, path)
+    return (None, None) if found is None else (found.generation, found.data)
 
 
 def write_if_generation(fs: Any, path: str, data: bytes, generation: int) -> bool:

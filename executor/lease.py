@@ -8,10 +8,19 @@ executor that lost its lease (paused, partitioned, killed and taken over) theref
 folder done. docs/leases.md has the whole protocol and its failure cases.
 
 Compare-and-swap per store:
-- local files: an exclusive `flock` on the lease file around read-compare-write (atomic between
-  processes on one machine; the file is created empty, which reads as "no lease");
+- local files: created whole by a hard link of a written temporary file (never seen empty), then
+  read, compared and rewritten in place under an exclusive `flock` (atomic between processes on
+  one machine), never truncated first;
 - GCS: create with `ifGenerationMatch=0` and replace with `ifGenerationMatch=<generation read>`;
 - any other fsspec store (memory:// in tests): a lock inside this process only.
+
+Tokens only grow. A new token is one more than the largest of the lease's and the one the
+folder's `.status` records (the status names the token of the attempt that wrote it, so a lease
+file restored from an older copy cannot hand out a token twice). A lease file that cannot be
+read (empty, torn, edited) is neither free nor a reason to count from 1: it is held until one
+ttl after it was last written (the store's own time of the file: mtime, GCS `updated`), and the
+token taken after it jumps to the clock in microseconds, which is larger than any token handed
+out before (docs/leases.md has the argument).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterator
 
+from executor.files import create_local, is_gcs
+from executor.reach import error as store_error
 from executor.store import LEASE, Store
 
 log = logging.getLogger("marin.lease")
@@ -48,10 +59,24 @@ class LeaseInfo:
     def live(self, now: float | None = None) -> bool:
         return not self.released and (now or time.time()) < self.expires
 
+    @property
+    def unreadable(self) -> bool:
+        """A stand-in for a lease file that could not be read: held until `expires`."""
+        return self.run_id == UNREADABLE
+
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired))
         left = self.expires - time.time()
+        if self.unreadable:
+            return f"an unreadable lease file (last written {since}), held until it expires in {left:.0f}s"
         return f"{self.host} pid {self.pid} (run {self.run_id[:8]}) since {since}, expires in {left:.0f}s"
+
+    @classmethod
+    def unreadable_since(cls, written: float, ttl: float) -> "LeaseInfo":
+        return cls("?", 0, UNREADABLE, 0, written, written + ttl)
+
+
+UNREADABLE = "<unreadable>"
 
 
 @dataclass(frozen=True)
@@ -76,16 +101,25 @@ class Leases:
         self.ttl = ttl
         self.owner = owner or Owner.me()
         self._mutex = threading.Lock()  # for stores without a compare-and-swap of their own
-        self._gcs = "gs" in (store.fs.protocol if isinstance(store.fs.protocol, tuple) else (store.fs.protocol,))
+        self._gcs = is_gcs(store.fs)
+        self._first_seen: dict[tuple[str, bytes], float] = {}  # unreadable leases, where the store has no file time
 
     # -- public verbs -----------------------------------------------------------------------------
     def try_acquire(self, dirname: str) -> tuple[LeaseInfo | None, LeaseInfo | None]:
-        """(our lease, None) if acquired; (None, the live holder) if someone else holds it."""
+        """(our lease, None) if acquired; (None, the live holder) if someone else holds it (an
+        unreadable lease file counts as held, until one ttl after it was last written)."""
+        status = self.store.read_status(dirname)
+        recorded = status.token if status is not None and status.token is not None else 0
+
         def take(current: LeaseInfo | None) -> LeaseInfo | None:
             now = time.time()  # when the lock is ours, not before waiting for it
             if current is not None and current.live(now) and not self._mine(current):
                 return None
-            token = (current.token + 1) if current is not None else 1
+            token = max(current.token if current is not None else 0, recorded) + 1
+            if current is not None and current.unreadable:
+                # Every token handed out before was at most the clock (in microseconds) when it
+                # was handed out, which was before the file was last written, a ttl ago.
+                token = max(token, int(now * 1e6))
             return LeaseInfo(self.owner.host, self.owner.pid, self.owner.run_id, token, now, now + self.ttl)
 
         written, current = self._update(dirname, take)
@@ -94,7 +128,7 @@ class Leases:
     def renew(self, dirname: str, lease: LeaseInfo) -> LeaseInfo | None:
         """Extend our lease; None if it is no longer ours (taken over after it expired)."""
         def extend(current: LeaseInfo | None) -> LeaseInfo | None:
-            if current is None or current.token != lease.token or current.released:
+            if current is None or current.unreadable or current.token != lease.token or current.released:
                 return None
             return replace(current, expires=time.time() + self.ttl)
 
@@ -104,7 +138,7 @@ class Leases:
     def release(self, dirname: str, lease: LeaseInfo) -> None:
         """Mark our lease released (keeping its token so the next one is larger)."""
         def drop(current: LeaseInfo | None) -> LeaseInfo | None:
-            if current is None or current.token != lease.token:
+            if current is None or current.unreadable or current.token != lease.token:
                 return None
             return replace(current, released=True, expires=time.time())
 
@@ -117,7 +151,7 @@ class Leases:
     def still_ours(self, dirname: str, token: int) -> bool:
         """Whether the lease is live and still carries `token`."""
         current = self._read(dirname)[0]
-        return current is not None and current.token == token and current.live()
+        return _carries(current, token)
 
     @contextmanager
     def fence(self, dirname: str, token: int | None) -> Iterator[bool]:
@@ -135,8 +169,7 @@ class Leases:
         path = self.store.path(dirname, LEASE)
         if not self.store.is_local:
             current = self._read(dirname)[0]
-            yield (current is not None and current.token == token and not current.released
-                   and current.expires - time.time() > self.ttl / 4)
+            yield _carries(current, token) and current.expires - time.time() > self.ttl / 4
             return
         try:
             fd = os.open(path, os.O_RDWR)
@@ -145,8 +178,7 @@ class Leases:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            current = _load(_read_fd(fd))
-            yield current is not None and current.token == token and current.live()
+            yield _carries(_load_fd(fd, self.ttl), token)
         finally:
             os.close(fd)  # closing releases the flock
 
@@ -156,83 +188,134 @@ class Leases:
     # -- compare-and-swap per store ---------------------------------------------------------------
     def _update(self, dirname: str, fn: Update) -> tuple[bool, LeaseInfo | None]:
         path = self.store.path(dirname, LEASE)
-        if self.store.is_local:
-            return _update_local(path, fn)
-        if self._gcs:
-            return _update_gcs(self.store, path, fn)
-        with self._mutex:
-            current = self._read(dirname)[0]
-            new = fn(current)
-            if new is None:
-                return False, current
-            self.store.fs.makedirs(self.store.path(dirname), exist_ok=True)
-            self.store.fs.pipe_file(path, _dump(new))
-            return True, new
+        try:
+            if self.store.is_local:
+                return _update_local(path, fn, self.ttl)
+            if self._gcs:
+                return _update_gcs(self.store, path, fn, self.ttl, lambda data: self._seen(dirname, data))
+            with self._mutex:
+                current = self._read(dirname)[0]
+                new = fn(current)
+                if new is None:
+                    return False, current
+                self.store.fs.makedirs(self.store.path(dirname), exist_ok=True)
+                self.store.fs.pipe_file(path, _dump(new))
+                return True, new
+        except OSError as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise store_error("update the lease", self.store.to_url(path), e) from None
 
     def _read(self, dirname: str) -> tuple[LeaseInfo | None, object]:
+        """The lease (None: no lease file; an unreadable stand-in for a file that cannot be parsed);
+        a read that fails for another reason than "not found" raises StoreError."""
         path = self.store.path(dirname, LEASE)
         try:
             if self.store.is_local:
-                with open(path, "rb") as f:
-                    return _load(f.read()), None
-            return _load(self.store.fs.cat_file(path)), None
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)  # never between another's read and write
+                    return _load_fd(fd, self.ttl), None
+                finally:
+                    os.close(fd)
+            data = self.store.fs.cat_file(path)
         except FileNotFoundError:
             return None, None
+        except Exception as e:
+            raise store_error("read the lease", self.store.to_url(path), e) from None
+        return _load(data, lambda: self._written(dirname, path, data), self.ttl), None
+
+    def _written(self, dirname: str, path: str, data: bytes) -> float:
+        """When a lease file was last written, by the store's clock; else when we first saw it so."""
+        try:
+            return self.store.fs.modified(path).timestamp()
+        except Exception:  # the store keeps no such time
+            return self._seen(dirname, data)
+
+    def _seen(self, dirname: str, data: bytes) -> float:
+        return self._first_seen.setdefault((dirname, data), time.time())
+
+
+def _carries(current: LeaseInfo | None, token: int) -> bool:
+    return current is not None and not current.unreadable and current.token == token and current.live()
 
 
 def _dump(info: LeaseInfo) -> bytes:
     return json.dumps(asdict(info), sort_keys=True).encode()
 
 
-def _load(data: bytes) -> LeaseInfo | None:
-    if not data.strip():
-        return None
+def _load(data: bytes, written: Callable[[], float], ttl: float) -> LeaseInfo:
+    """A lease file's content; unreadable (held until one ttl after `written()`) unless it parses
+    as a whole lease."""
     try:
         return LeaseInfo(**json.loads(data))
     except (ValueError, TypeError):
-        log.warning("corrupt lease file; treating it as expired")
-        return LeaseInfo("?", 0, "?", 0, 0.0, 0.0, released=True)
+        when = written()
+        log.warning("unreadable lease file (%d bytes, last written %s); held until one ttl after that",
+                    len(data), time.strftime("%H:%M:%S", time.localtime(when)))
+        return LeaseInfo.unreadable_since(when, ttl)
 
 
-def _update_local(path: str, fn: Update) -> tuple[bool, LeaseInfo | None]:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        current = _load(_read_fd(fd))
-        new = fn(current)
-        if new is None:
-            return False, current
-        payload = _dump(new)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
-        os.write(fd, payload)
-        os.fsync(fd)
-        return True, new
-    finally:
-        os.close(fd)  # closing releases the flock
+def _load_fd(fd: int, ttl: float) -> LeaseInfo:
+    return _load(_read_fd(fd), lambda: os.fstat(fd).st_mtime, ttl)
+
+
+def _update_local(path: str, fn: Update, ttl: float) -> tuple[bool, LeaseInfo | None]:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            new = fn(None)
+            if new is None:
+                return False, None
+            if create_local(path, _dump(new)):
+                return True, new
+            continue  # another executor created it first: decide again, under its lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            current = _load_fd(fd, ttl)
+            new = fn(current)
+            if new is None:
+                return False, current
+            _overwrite(fd, _dump(new))
+            return True, new
+        finally:
+            os.close(fd)  # closing releases the flock
+
+
+def _overwrite(fd: int, payload: bytes) -> None:
+    """Replace the file's content with one write at offset 0, padded with spaces (which JSON
+    ignores) to at least the old length: never truncated first, so a writer killed halfway
+    leaves the old lease or the new one, not an empty file."""
+    size = os.fstat(fd).st_size
+    os.pwrite(fd, payload.ljust(size, b" "), 0)
+    os.fsync(fd)
 
 
 def _read_fd(fd: int) -> bytes:
     data = b""
-    while chunk := os.read(fd, 1 << 16):
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
         data += chunk
+        offset += len(chunk)
     return data
 
 
-def _update_gcs(store: Store, path: str, fn: Update) -> tuple[bool, LeaseInfo | None]:
+def _update_gcs(store: Store, path: str, fn: Update, ttl: float,
+                seen: Callable[[bytes], float]) -> tuple[bool, LeaseInfo | None]:
     from executor import gcs  # only needed on gs:// prefixes
 
+    current: LeaseInfo | None = None
     for _ in range(20):
-        generation, data = gcs.read_with_generation(store.fs, path)
-        current = _load(data) if data is not None else None
+        found = gcs.read_object(store.fs, path)
+        current = None if found is None else _load(found.data, lambda: found.updated or seen(found.data), ttl)
         new = fn(current)
         if new is None:
             return False, current
-        if gcs.write_if_generation(store.fs, path, _dump(new), generation or 0):
+        if gcs.write_if_generation(store.fs, path, _dump(new), found.generation if found else 0):
             return True, new
         time.sleep(0.05)  # lost a race: read again and decide again
-    return False, _load(gcs.read_with_generation(store.fs, path)[1] or b"")
+    return False, current
 
 
 class Heartbeat:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -25,8 +24,9 @@ from typing import Any
 
 from executor.plan import Plan
 from executor.runner import Outcome, RunSummary
+from executor.files import is_gcs, write_atomic
 from executor.state import StepState, initial
-from executor.store import RECORD, SUCCESS, temp_path
+from executor.store import RECORD, SUCCESS
 from executor.viz import graph, html
 from executor.viz.metrics import MetricsReader
 
@@ -216,20 +216,11 @@ class LivePage:
         self.write_seconds += time.perf_counter() - t0
 
     def _put(self, name: str, data: bytes, content_type: str) -> None:
-        path = self.store.path(self.folder, name)
-        if self.store.is_local:  # readers see the old page or the new one, never half
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = temp_path(path)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            return
-        protocol = self.store.fs.protocol if isinstance(self.store.fs.protocol, str) else self.store.fs.protocol[0]
-        if protocol in ("gs", "gcs"):  # served to browsers: the right type, and no hour-long caching
-            self.store.fs.pipe_file(path, data, content_type=content_type,
-                                    fixed_key_metadata={"cache_control": "no-cache, max-age=0"})
-        else:
-            self.store.fs.pipe_file(path, data)
+        # Readers see the old page or the new one, never half; on GCS it is served to browsers:
+        # the right type, and no hour-long caching.
+        gcs = {"content_type": content_type, "fixed_key_metadata": {"cache_control": "no-cache, max-age=0"}}
+        write_atomic(self.store.path(self.folder, name), data, fs=self.store.fs,
+                     **(gcs if is_gcs(self.store.fs) else {}))
 
 
 def open_page(plan: Plan, voyage: str, run_id: str, **kwargs: Any) -> LivePage | None:

@@ -6,25 +6,41 @@ died (`max_retries`), never one that raised (`retry_exceptions=False`): user exc
 as a failed `TaskResult` and the runner applies the step's retry policy. Steps with `workers > 1`
 run their coordinating task on one CPU; the workers themselves are placed by Ray Train inside the
 step, from `ctx.resources`.
+
+Joining: with no address (neither `--ray-address` nor RAY_ADDRESS) we start our own local Ray,
+never the cluster a `ray start` on this machine left its address file for (it may be long dead,
+and `ray.init()` would wait for it forever). With an address, the cluster's GCS is asked once,
+with a timeout, before `ray.init`: a cluster that does not answer, or wants a token we do not
+send, is one line (`ClusterError`, exit 2) within seconds instead of Ray's 20 s of retries and a
+traceback.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any, Callable, Sequence
 
 import ray
 
 from executor.context import local_map
+from executor.errors import VoyageError
 from executor.step import Resources
 from executor.worker import TaskResult, TaskSpec, execute
 
 log = logging.getLogger("marin.ray")
 
 
+class ClusterError(VoyageError):
+    """The Ray cluster to join cannot be joined; one line saying why and what fixes it. Exit 2."""
+
+
+JOIN_TIMEOUT = 10.0  # seconds a cluster's GCS may take to answer
+
+
 def start(address: str | None = None, num_cpus: int | None = None, pickle_by_value: Sequence[Any] = ()) -> bool:
-    """Join `address` (or RAY_ADDRESS), else start an embedded local Ray. True if we started it."""
+    """Join `address` (or RAY_ADDRESS), else start our own local Ray. True if we started it."""
     from ray import cloudpickle
 
     for module in pickle_by_value:  # voyage files are loaded from a path: ship their code by value
@@ -34,11 +50,81 @@ def start(address: str | None = None, num_cpus: int | None = None, pickle_by_val
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = dict(ignore_reinit_error=True, logging_level=logging.WARNING,
                                   log_to_driver=True, configure_logging=False)
-    if address:
-        ray.init(address=address, **kwargs)
+    if address and address != "local":
+        target = check_cluster(address)
+        try:
+            ray.init(address=target, **kwargs)
+        except Exception as e:  # answered the probe, then failed to join (a version mismatch, ...)
+            raise ClusterError(f"joining the Ray cluster at {target} failed: {_first_line(e)}") from None
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    # "local": a new Ray of our own, whatever address file an earlier `ray start` left behind.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
     return True
+
+
+def check_cluster(address: str, timeout: float = JOIN_TIMEOUT) -> str:
+    """The address to give `ray.init` once the cluster at `address` answered (`auto`: the one
+    the last `ray start` on this machine recorded); ClusterError with one line otherwise."""
+    from ray._private import services
+
+    if address.startswith("ray://"):  # Ray Client: its own protocol; check that something listens
+        host, _, port = address[len("ray://"):].rpartition(":")
+        try:
+            socket.create_connection((host, int(port or 10001)), timeout=timeout).close()
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"nothing answers at {address}: {e}") from None
+        return address
+    try:
+        target = services.canonicalize_bootstrap_address(address)
+    except Exception as e:
+        raise ClusterError(f"--ray-address {address}: {_first_line(e)}") from None
+    if target is None:
+        raise ClusterError(f"--ray-address {address}: no running Ray cluster found")
+    if address == "auto":
+        from ray._common.utils import get_ray_address_file
+
+        where = f"{target} (from {get_ray_address_file(None)}, or a Ray running on this machine)"
+    else:
+        where = address if target == address else f"{address} ({target})"
+    code, details = _ask_gcs(target, timeout)
+    if code is None:
+        return target
+    if code == "UNAUTHENTICATED":
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            raise ClusterError(f"the Ray cluster at {where} refused our token ({details}): use the cluster's "
+                               f"token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+        raise ClusterError(f"the Ray cluster at {where} requires token authentication: set RAY_AUTH_MODE=token "
+                           f"(the token is read from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    if code == "DEADLINE_EXCEEDED":
+        raise ClusterError(f"the Ray cluster at {where} did not answer within {timeout:g} s")
+    if code == "UNAVAILABLE":
+        raise ClusterError(f"no Ray cluster answers at {where}: {details}")
+    raise ClusterError(f"joining the Ray cluster at {where} failed: {code}: {details}")
+
+
+def _ask_gcs(target: str, timeout: float) -> tuple[str | None, str]:
+    """(None, "") if the GCS at `target` answers a cluster-id request, else (gRPC code, reason).
+    Sends the token exactly when `ray.init` would (RAY_AUTH_MODE=token)."""
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import \
+        _get_authentication_metadata_tuple
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = grpc.insecure_channel(target)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout, metadata=_get_authentication_metadata_tuple())
+        return None, ""
+    except grpc.RpcError as e:
+        # gRPC's details end with the reason: "...: Connection refused", "...: Domain name not found]"
+        reason = (e.details() or "").rstrip("]").rpartition(": ")[2] or str(e.code())
+        return e.code().name, reason
+    finally:
+        channel.close()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def stop() -> None:

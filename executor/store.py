@@ -10,7 +10,9 @@ An output folder `{prefix}/{name}-{digest[:10]}` holds the step's files plus thr
   manifest and the history of every attempt.
 - `.lease`: see `executor.lease`.
 A folder without a readable `SUCCESS` status is never a cache hit, whatever files it holds; a
-corrupt `.status` or `.step.json` is reported and treated as not done.
+corrupt `.status` or `.step.json` is reported and treated as not done. A read that fails for
+another reason than "not found" (DNS, 403, timeout, a folder where the file should be) is never
+"not done": it raises `StoreError` naming the store and the error (`executor.reach`).
 """
 
 from __future__ import annotations
@@ -27,31 +29,25 @@ import uuid
 from typing import Any, Iterable
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field, ValidationError
 
 from executor.state import StepState
+# Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (executor.files, which every
+# module writes through); `temp_path` is re-exported for the modules that name such files.
+from executor.files import TEMP_PREFIX, is_gcs, is_local, temp_path, write_atomic  # noqa: F401
+from executor.reach import StoreError, error, probe, store_timeout  # noqa: F401  (StoreError: re-exported)
 
 log = logging.getLogger("marin.store")
 
-if os.environ.get("STORAGE_EMULATOR_HOST"):
-    # A local GCS emulator has no zonal buckets; without this gcsfs spends 60 s per bucket on gRPC.
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# gcsfs's experimental support of zonal (HNS) buckets asks each bucket's type first: 60 s per bucket
+# on gRPC against a local emulator, and a warning per request where credentials are missing. Our
+# buckets are regular ones; set the variable to "true" to have gcsfs look.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
 CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
-# Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (steps/data/formats.py
-# follows the same rule without importing this module).
-TEMP_PREFIX = ".tmp-"
-
-
-def temp_path(path: str) -> str:
-    """Where to write `path` before an atomic rename into place."""
-    head, tail = posixpath.split(path)
-    return posixpath.join(head, f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{tail}")
-
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
 
@@ -143,9 +139,10 @@ class Store:
         self.prefix = prefix.rstrip("/") or "/"
         self.fs, root = url_to_fs(self.prefix, **storage_options)
         self.root = root.rstrip("/")
-        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.is_local = is_local(self.fs)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self._scheme = "" if self.is_local else f"{protocol}://"
+        self._reached = self.is_local or not is_gcs(self.fs)  # other stores: their library's retries
 
     # -- paths ---------------------------------------------------------------------------------
     def url(self, dirname: str) -> str:
@@ -160,26 +157,64 @@ class Store:
         return fs_path if self.is_local else self._scheme + fs_path
 
     # -- probing ---------------------------------------------------------------------------------
+    def reach(self) -> None:
+        """Raise StoreError, within MARIN_STORE_TIMEOUT seconds, if the store does not answer at
+        all (asked once per Store, before its first read; GCS only)."""
+        if self._reached:
+            return
+        timeout = store_timeout()
+        try:
+            probe(self.fs, self.root, timeout)
+        except Exception as e:
+            raise error("reach the store", self.prefix, e, timeout) from None
+        self._reached = True
+
     def check_writable(self) -> None:
-        """Raise OSError if nothing can be written under the prefix; leaves nothing behind."""
-        probe = posixpath.join(self.root, f".marin-probe-{uuid.uuid4().hex}")
-        self.fs.makedirs(self.root, exist_ok=True)
-        self.fs.pipe_file(probe, b"ok")
-        _remove(self.fs, probe)
+        """Raise StoreError if nothing can be written under the prefix; leaves nothing behind."""
+        self.reach()
+        path = posixpath.join(self.root, f".marin-probe-{uuid.uuid4().hex}")
+
+        def write_and_remove(**bound: Any) -> None:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(path, b"ok", **bound)
+            try:
+                self.fs.rm(path, **bound)
+            except FileNotFoundError:  # a retried delete whose first try landed
+                pass
+
+        self._bounded(write_and_remove, "write under", self.prefix)
 
     # -- status ----------------------------------------------------------------------------------
     def read_statuses(self, dirnames: list[str]) -> dict[str, Status | None]:
-        """The status of many folders; one concurrent batch on remote stores."""
+        """The status of many folders (None: no status file); one concurrent batch on remote
+        stores. Raises StoreError if any cannot be read for another reason than "not found"."""
         paths = [self.path(d, STATUS) for d in dirnames]
         if self.is_local:
             raw = {p: _read_local(p) for p in paths}
+        elif paths:
+            self.reach()
+            raw = self._bounded(lambda **bound: self.fs.cat(paths, on_error="return", **bound), "read", self.prefix,
+                                per=len(paths))
         else:
-            raw = self.fs.cat(paths, on_error="return") if paths else {}
+            raw = {}
         out: dict[str, Status | None] = {}
         for d, p in zip(dirnames, paths):
             data = raw.get(p) if raw else None
+            if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
+                raise error("read", self.to_url(p), data)
             out[d] = _parse_status(p, data)
         return out
+
+    def _bounded(self, call: Any, action: str, where: str, per: int = 1) -> Any:
+        """`call()` cut off on async stores (fsspec's `sync` takes the timeout) after
+        MARIN_STORE_TIMEOUT seconds per thousand files read (`per`), its failures as StoreError."""
+        timeout = store_timeout() * (1 + per // 1000)
+        try:
+            return call(**({"timeout": timeout} if getattr(self.fs, "async_impl", False) else {}))
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise error(action, where, e, timeout) from None
 
     def read_status(self, dirname: str) -> Status | None:
         return self.read_statuses([dirname])[dirname]
@@ -189,13 +224,12 @@ class Store:
 
     # -- record ----------------------------------------------------------------------------------
     def read_record(self, dirname: str) -> Record | None:
+        """The record, or None if there is none (or it is corrupt, with a warning); StoreError if
+        it cannot be read."""
         path = self.path(dirname, RECORD)
         try:
-            data = self.fs.cat_file(path)
+            data = self._bounded(lambda **bound: self.fs.cat_file(path, **bound), "read", self.to_url(path))
         except FileNotFoundError:
-            return None
-        except OSError as e:
-            log.warning("cannot read %s: %s; treating the step as not done", path, e)
             return None
         try:
             return Record.model_validate_json(data)
@@ -212,8 +246,10 @@ class Store:
         """The newest record of another output folder of the same step name (for reasons)."""
         parent, _, base = f"{self.root}/{name}".rpartition("/")
         pattern = re.compile(re.escape(base) + r"-[0-9a-f]{10}$")
+        self.reach()
         try:
-            entries = self.fs.ls(parent, detail=False)
+            entries = self._bounded(lambda **bound: self.fs.ls(parent, detail=False, **bound), "list",
+                                    self.to_url(parent))
         except (FileNotFoundError, NotADirectoryError):
             return None
         best: Record | None = None
@@ -299,18 +335,7 @@ class Store:
     # -- io -------------------------------------------------------------------------------------
     def write_json(self, path: str, obj: Any) -> None:
         """Write a small JSON file so that readers see the old or the new content, never half."""
-        data = json.dumps(obj, indent=1, sort_keys=True).encode()
-        if self.is_local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = temp_path(path)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        else:
-            # Object stores replace a whole object atomically on upload.
-            self.fs.pipe_file(path, data)
+        write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode(), fs=self.fs, fsync=True)
 
 
 def output_digest(manifest: Iterable[ManifestEntry]) -> str:
@@ -328,21 +353,18 @@ def _remove(fs: fsspec.AbstractFileSystem, path: str, recursive: bool = False) -
         pass
 
 
-def _read_local(path: str) -> bytes | None:
+def _read_local(path: str) -> bytes | OSError | None:
     try:
         with open(path, "rb") as f:
             return f.read()
     except FileNotFoundError:
         return None
     except OSError as e:
-        return e  # type: ignore[return-value]
+        return e
 
 
 def _parse_status(path: str, data: Any) -> Status | None:
     if data is None or isinstance(data, FileNotFoundError):
-        return None
-    if isinstance(data, BaseException):
-        log.warning("cannot read %s (%s); treating the step as not done", path, data)
         return None
     try:
         return Status.model_validate_json(data)

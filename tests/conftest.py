@@ -31,7 +31,8 @@ def ray_local(gcs_emulator):
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", configure_logging=False)
+        # "local": our own Ray, never a cluster another `ray start` on this machine left its address for
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", configure_logging=False)
     yield ray
     ray.shutdown()
 

@@ -45,12 +45,14 @@ class Source:
     license: str
     pretrain: float  # weight in the pretraining stage
     midtrain: float  # weight in the midtraining stage
+    text_field: str = "text"  # the field of each record that holds its text
 
 
 FULL_SOURCES = (
     Source("nemotron-cc", "gs://marin-us-central2/raw/nemotron-cc/**/*.jsonl.zst", 6.3e12, "NVIDIA data agreement", 0.616, 0.682),
     Source("dclm-baseline", "gs://marin-us-central2/raw/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, "CC-BY-4.0", 0.33, 0.15),
-    Source("starcoder2-data", "gs://marin-us-central2/raw/starcoder2-data/**/*.parquet", 913e9, "per-repository licences", 0.04, 0.10),
+    Source("starcoder2-data", "gs://marin-us-central2/raw/starcoder2-data/**/*.parquet", 913e9, "per-repository licences", 0.04, 0.10,
+           text_field="content"),
     Source("proof-pile-2", "gs://marin-us-central2/raw/proof-pile-2/**/*.jsonl.zst", 55e9, "per-source licences", 0.005, 0.02),
     Source("finemath-3plus", "gs://marin-us-central2/raw/finemath-3plus/**/*.parquet", 34e9, "ODC-BY-1.0", 0.0, 0.02),
     Source("arxiv", "gs://marin-us-central2/raw/redpajama-arxiv/**/*.jsonl.gz", 28e9, "per-paper licences", 0.003, 0.01),
@@ -130,7 +132,7 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
     scale = scale_of(config)
     docs: dict[str, Step] = {}
     for src in scale.sources:
-        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, root=str(REPO)),
+        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO)),
                    resources=scale.data_resources)
         docs[src.name] = Step(f"dedup/{src.name}", dedup, DedupConfig(documents=output_of(raw), seed=config.seed),
                               resources=scale.data_resources)
@@ -218,7 +220,7 @@ def summary(config: VoyageConfig) -> str:
         f"{scale.midtrain_tokens / 1e12:g}T midtrain (switch at {scale.pretrain_tokens / tokens:.0%})",
         f"  batch       {scale.batch_size:,} x {scale.seq_len:,} = {scale.batch_size * scale.seq_len / 1e6:,.1f}M tokens; "
         f"{steps:,.0f} optimizer steps",
-        f"  FLOPs       (6 x N_active + 12 x heads x head_dim x keys_per_query) x tokens",
+        "  FLOPs       (6 x N_active + 12 x heads x head_dim x keys_per_query) x tokens",
         f"              = (6 x {active / 1e9:.2f}e9 + 12 x {m.n_heads} x {m.head_dim} x {keys:,.0f}) x {tokens:.3g}"
         f" = {flops:.2e}",
         f"  compute     {gpu_seconds / 3600:,.0f} GPU-hours at {config.mfu:.1%} MFU of {config.gpu_peak_tflops:g} TFLOP/s "

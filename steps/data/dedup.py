@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from executor import InputPath, StepContext, VoyageError, run_only, step_type
+from executor import InputPath, StepContext, VoyageError, is_local, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, url_fs, write_bytes, write_json
 from steps.data.minhash import MinHasher, band_keys
+from steps.data.refs import ref
 
 SNIPPET = 300
 
@@ -70,6 +71,7 @@ class _Job:
     output: str
     shards: tuple[tuple[int, str], ...]
     config: DedupConfig
+    sources: tuple[str, ...] = ()  # how each shard's ledger names it (steps.data.refs), pass 4
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,10 @@ def dedup(config: DedupConfig, ctx: StepContext) -> None:
     s3 = read_json(ctx.path("work/s3.json"))
 
     todo = [(i, u) for i, u in enumerate(inputs) if not ctx.exists(f"ledger/{names[i]}.json")]
-    ctx.map(_write_kept, [_Job(ctx.output, tuple(todo[k:k + per]), config) for k in range(0, len(todo), per)])
+    ledger = ctx.path("ledger")
+    ctx.map(_write_kept, [_Job(ctx.output, tuple(todo[k:k + per]), config,
+                               tuple(ref(ctx, u, ledger) for _, u in todo[k:k + per]))
+                          for k in range(0, len(todo), per)])
 
     shards, snippets, kept, total = [], {}, 0, 0
     for name in names:
@@ -162,7 +167,7 @@ def _save(url: str, arr: np.ndarray) -> None:
 
 def _load(url: str, mmap: bool = True) -> np.ndarray:
     fs, path = url_fs(url)
-    if mmap and "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    if mmap and is_local(fs):
         return np.load(path, mmap_mode="r")
     return np.load(io.BytesIO(fs.cat_file(path)))
 
@@ -310,7 +315,7 @@ def connected_components(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # -- pass 4: write the kept documents ---------------------------------------------------------
 
 def _write_kept(job: _Job) -> int:
-    for index, url in job.shards:
+    for (index, url), source in zip(job.shards, job.sources):
         name = f"{index:05d}"
         drop = np.asarray(_load(join(job.output, f"work/drop/{name}.npy"), mmap=False))
         want = set(np.asarray(_load(join(job.output, f"work/want/{name}.npy"), mmap=False)).tolist())
@@ -326,5 +331,5 @@ def _write_kept(job: _Job) -> int:
                 writer.write(doc)
                 kept += 1
         write_json(join(job.output, f"ledger/{name}.json"), {"kept": kept, "removed": int(drop.size),
-                                                             "snippets": snippets, "source": url})
+                                                             "snippets": snippets, "source": source})
     return len(job.shards)

@@ -6,22 +6,22 @@ compressed (`.gz`, `.zst`), listed by a `manifest.json` (format `marin-documents
 Tokens: per shard a flat little-endian array `NAME.tokens` (uint16 when the vocabulary fits,
 else uint32) and `NAME.offsets`, int64, the start of every document plus the end (so
 `documents + 1` entries, first 0), listed by a `manifest.json` (format `marin-tokens/1`) with
-token and document counts.
+token and document counts, the tokenizer and each shard's source (named relative to the folder
+when in the same prefix, see `steps.data.refs`; `read_tokens_manifest` resolves them).
 
-Every file is written under a temporary name and renamed into place (on an object store, where
-an upload becomes visible only once it is finalized, in place and committed at the end; see
-`AtomicFile`), and a shard counts as done only once its ledger marker exists, so a half-written
-shard is never taken for a finished one.
-The trainer reads tokens with `TokenDataset`, which needs neither Ray nor the executor.
+Every file is written through the executor's one atomic-write helper (`executor.AtomicFile`:
+a temporary name renamed into place, or on an object store an upload committed at the end), and
+a shard counts as done only once its ledger marker exists, so a half-written shard is never taken
+for a finished one.
+The trainer reads tokens with `TokenDataset`, which needs no Ray (only the executor's file
+helpers).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import logging
 import posixpath
-import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -30,7 +30,8 @@ import fsspec
 import numpy as np
 import zstandard
 
-log = logging.getLogger("marin.data")
+from executor import AtomicFile, is_local, write_atomic
+from steps.data.refs import resolve
 
 DOCS_FORMAT = "marin-documents/1"
 TOKENS_FORMAT = "marin-tokens/1"
@@ -95,58 +96,8 @@ def write_json(url: str, obj: Any) -> None:
 
 
 def write_bytes(url: str, data: bytes) -> None:
-    with AtomicFile(url) as f:
-        f.write(data)
-
-
-class AtomicFile:
-    """A file that readers see whole or not at all.
-
-    Where a rename is atomic and cheap (a local disk, memory://), the file is written under a
-    temporary name in the same folder and renamed into place on success (deleted on failure).
-    An object store (gs://, s3://, ...) makes an object visible only once its upload is
-    finalized, so there the file is written in place with fsspec's `autocommit=False`: committed
-    on success, its upload discarded on failure (`executor.store.Store.write_json` also writes in
-    place there). A rename there buys nothing and costs requests: gcsfs tries the `moveTo` API and,
-    where it is missing (the GCS emulator answers 501, which gcsfs retries for about 30 s), falls
-    back to copy + delete, which leaves the temporary object behind if the task dies in between."""
-
-    def __init__(self, url: str) -> None:
-        self.fs, self.path = url_fs(url)
-        self.in_place = not _renames_atomically(self.fs)
-        head, tail = posixpath.split(self.path)
-        self.tmp = posixpath.join(head, f".tmp-{uuid.uuid4().hex[:12]}-{tail}")
-        self.fs.makedirs(head, exist_ok=True)
-        self.f: Any = None
-
-    def __enter__(self) -> Any:
-        self.f = self.fs.open(self.path, "wb", autocommit=False) if self.in_place else self.fs.open(self.tmp, "wb")
-        return self.f
-
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        if self.in_place:
-            self.f.close()  # with autocommit=False: uploaded (or held) but not visible yet
-            if exc_type is None:
-                self.f.commit()
-                self.fs.invalidate_cache(self.path)  # a listing made before the commit lacks it
-            else:
-                try:
-                    self.f.discard()
-                except Exception as e:  # never committed, so never visible; the upload merely lingers
-                    log.warning("could not cancel the upload of %s: %s", self.path, e)
-            return
-        self.f.close()
-        if exc_type is None:
-            self.fs.mv(self.tmp, self.path)
-        else:
-            self.fs.rm(self.tmp)
-
-
-def _renames_atomically(fs: fsspec.AbstractFileSystem) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    return isinstance(fs, (LocalFileSystem, MemoryFileSystem))
+    """Write a file that readers see whole or not at all (`executor.write_atomic`)."""
+    write_atomic(url, data)
 
 
 # -- documents --------------------------------------------------------------------------------
@@ -328,6 +279,18 @@ class _Shard:
     start: int  # first token's index in the whole dataset
 
 
+def read_tokens_manifest(url: str) -> dict[str, Any]:
+    """The manifest of a token dataset folder, its tokenizer and shard sources resolved to URLs."""
+    folder = url.rstrip("/")
+    manifest = read_json(join(folder, MANIFEST))
+    if isinstance(manifest.get("tokenizer"), str):
+        manifest["tokenizer"] = resolve(manifest["tokenizer"], folder)
+    for shard in manifest.get("shards", []):
+        if isinstance(shard.get("source"), str):
+            shard["source"] = resolve(shard["source"], folder)
+    return manifest
+
+
 class TokenDataset:
     """A tokenized dataset (the output of `tokenize`) read from any fsspec URL.
 
@@ -337,12 +300,12 @@ class TokenDataset:
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.manifest = read_json(join(self.url, MANIFEST))
+        self.manifest = read_tokens_manifest(self.url)
         if self.manifest.get("format") != TOKENS_FORMAT:
             raise ValueError(f"{url}: not a token dataset (format {self.manifest.get('format')!r})")
         self.dtype = np.dtype(self.manifest["dtype"])
         self.fs, self._root = url_fs(self.url)
-        self._local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self._local = is_local(self.fs)
         self.shards: list[_Shard] = []
         start = 0
         for s in self.manifest["shards"]:

@@ -3,13 +3,19 @@
 Inputs are JSONL (plain, gzip or zstd) or Parquet. Every input file is read as a stream by one
 task (`ctx.map`); it becomes one or more output shards `documents/FFFFF-PPPP.jsonl.zst` of at
 most `max_docs_per_shard` documents each, `{"id", "text", "metadata"}` per line. A record that
-cannot be used is never fatal: it is counted under its reason and written, truncated, to
-`rejects/FFFFF.jsonl.zst`. Reasons: `invalid_utf8`, `invalid_json`, `not_an_object`, `no_text`
-(field missing or not a string), `empty_text` (empty or blank), `corrupt_file` (the stream broke
-off; what was read before is kept).
+cannot be used is counted under its reason and written, truncated, to `rejects/FFFFF.jsonl.zst`.
+Reasons: `invalid_utf8`, `invalid_json`, `not_an_object`, `no_text` (field missing or not a
+string), `empty_text` (empty or blank), `corrupt_file` (the stream broke off; what was read before
+is kept). A few rejects are normal; many mean the source is read wrong (text under another field,
+the wrong format): the step fails, naming the reasons and one example, when rejects are more than
+`max_reject_share` of the records (default 1%), or when no document is left.
 
 Resumable per input file: a file is done once `ledger/FFFFF.json` exists (written last, after
 its shards were renamed into place), so a crashed run redoes only the unfinished files.
+
+Input files are named in the output (manifest, ledgers, rejects) as the config names them: a
+relative input read from `root` stays relative, so the same corpus in two checkouts gives the same
+bytes and output digest.
 """
 
 from __future__ import annotations
@@ -20,11 +26,16 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from executor import StepContext, run_only, step_type
+from executor import StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, read_json, url_fs, \
     write_json
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
+EXAMPLE_SNIPPET = 200  # characters of the example reject named when the step fails
+
+
+class TooManyRejects(Exception):
+    """More of a source's records were rejected than its config allows (or all of them)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,14 @@ class IngestConfig:
     # Where relative local inputs are read from (default: the working directory). Run-only, so a
     # repository-relative input names the same step from any checkout and any working directory.
     root: str = run_only(default="")
+    # The step fails when more than this share of the records is rejected. Run-only: it decides
+    # whether an output is accepted, never what it holds, so raising it after a failure retries
+    # in the same folder (and a resumed ingest redoes no file).
+    max_reject_share: float = run_only(default=0.01)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_reject_share <= 1.0:
+            raise VoyageError(f"ingest: max_reject_share must be between 0 and 1, got {self.max_reject_share}")
 
 
 @dataclass(frozen=True)
@@ -47,7 +66,7 @@ class _Job:
     """One task: input files by index (small, picklable)."""
 
     output: str
-    files: tuple[tuple[int, str], ...]
+    files: tuple[tuple[int, str, str], ...]  # (index, URL, name as the config gives it)
     config: IngestConfig
 
 
@@ -57,36 +76,63 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     files = expand(_rooted(config.input, config.root))
     if not files:
         raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
-    todo = [(i, url) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
+    names = [_as_given(url, config.root) for url in files]
+    todo = [(i, url, names[i]) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
     ctx.logger.info("ingest: %d input files, %d to do", len(files), len(todo))
     step = max(1, config.files_per_task)
     jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
     ctx.map(_ingest_files, jobs)
 
-    shards, rejects, documents = [], collections.Counter(), 0
+    shards, rejects, documents, example = [], collections.Counter(), 0, None
     for i in range(len(files)):
         ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
         shards += ledger["shards"]
         rejects.update(ledger["rejects"])
         documents += ledger["documents"]
+        example = example or ledger.get("example")
+    check_rejects(documents, rejects, example, config)
     write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
-                                    "rejects": dict(sorted(rejects.items())), "sources": files})
+                                    "rejects": dict(sorted(rejects.items())), "sources": names})
     ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
                        rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
 
 
+def check_rejects(documents: int, rejects: collections.Counter, example: dict[str, Any] | None,
+                  config: IngestConfig) -> None:
+    """Raise TooManyRejects, naming the reasons and one example, if more than
+    `config.max_reject_share` of the records were rejected or no document is left."""
+    rejected = sum(rejects.values())
+    total = documents + rejected
+    if documents and rejected <= config.max_reject_share * total:
+        return
+    if not total:
+        raise TooManyRejects(f"ingest: no records in {config.input!r}")
+    reasons = ", ".join(f"{reason} {n}" for reason, n in rejects.most_common())
+    why = (f"more than max_reject_share {config.max_reject_share:g}" if rejected > config.max_reject_share * total
+           else "no document left")
+    text = f"ingest: {rejected} of {total} records rejected ({100 * rejected / total:.1f}%, {why}): {reasons}"
+    if example:
+        text += (f"; e.g. {posixpath.basename(example['source'])} line {example['line']} ({example['reason']}): "
+                 f"{example['record']}")
+        if example.get("fields") is not None and example["reason"] == "no_text":
+            text += f" (fields {', '.join(example['fields'])}; text_field is {config.text_field!r})"
+    raise TooManyRejects(text)
+
+
 def _ingest_files(job: _Job) -> int:
-    for index, url in job.files:
-        _ingest_one(job.output, index, url, job.config)
+    for index, url, name in job.files:
+        _ingest_one(job.output, index, url, job.config, name)
     return len(job.files)
 
 
-def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None:
+def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: str | None = None) -> None:
+    name = name or url
     rejects: collections.Counter = collections.Counter()
     shards: list[dict[str, Any]] = []
     writer: DocumentWriter | None = None
     reject_writer = DocumentWriter(join(output, f"rejects/{index:05d}.jsonl.zst"))
     stem = posixpath.basename(url_fs(url)[1])
+    example: dict[str, Any] | None = None
     try:
         for line_no, record, reason, raw in _records(url):
             doc = None if reason else _normalize(record, config, stem, line_no)
@@ -94,8 +140,12 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
                 reason, doc = doc, None
             if doc is None:
                 rejects[reason] += 1
-                reject_writer.write({"source": url, "line": line_no, "reason": reason,
+                reject_writer.write({"source": name, "line": line_no, "reason": reason,
                                      "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
+                if example is None:
+                    example = {"source": name, "line": line_no, "reason": reason,
+                               "record": raw.decode("utf-8", "replace")[:EXAMPLE_SNIPPET],
+                               "fields": sorted(map(str, record)) if isinstance(record, dict) else None}
                 continue
             if writer is None or writer.count >= config.max_docs_per_shard:
                 if writer is not None:
@@ -106,7 +156,7 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
                 writer.write(doc)
             except UnicodeEncodeError:  # e.g. a lone surrogate inside metadata
                 rejects["invalid_utf8"] += 1
-                reject_writer.write({"source": url, "line": line_no, "reason": "invalid_utf8",
+                reject_writer.write({"source": name, "line": line_no, "reason": "invalid_utf8",
                                      "record": raw[:REJECT_SNIPPET].decode("utf-8", "replace")})
     except BaseException:
         if writer is not None:
@@ -118,8 +168,8 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig) -> None
         shards.append({"path": _rel(writer.url, output), "documents": writer.count})
     reject_writer.close()
     write_json(join(output, f"ledger/{index:05d}.json"),
-               {"source": url, "shards": shards, "documents": sum(s["documents"] for s in shards),
-                "rejects": dict(rejects)})
+               {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
+                "rejects": dict(rejects), "example": example})
 
 
 def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
@@ -128,6 +178,12 @@ def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
         return url if not root or "://" in url or posixpath.isabs(url) else join(root, url)
 
     return one(spec) if isinstance(spec, str) else tuple(one(u) for u in spec)
+
+
+def _as_given(url: str, root: str) -> str:
+    """An input file as the config names it: relative to `root` if it was read from there."""
+    base = root.rstrip("/")
+    return url[len(base) + 1:] if base and url.startswith(base + "/") else url
 
 
 def _rel(url: str, root: str) -> str:

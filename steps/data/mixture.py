@@ -31,6 +31,7 @@ import numpy as np
 
 from executor import InputPath, StepContext, VoyageError, step_type
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json, write_json
+from steps.data.refs import ref, resolve
 
 MIXTURE_FORMAT = "marin-mixture/1"
 MIXTURE_FILE = "mixture.json"
@@ -104,7 +105,9 @@ def mixture(config: MixtureConfig, ctx: StepContext) -> None:
     sizes = {}
     for name, url in sorted(config.datasets.items()):
         manifest = read_json(join(url, MANIFEST))
-        sizes[name] = {"url": url, "tokens": int(manifest["tokens"]), "documents": int(manifest["documents"])}
+        # Named relative to this folder when in the same prefix: a copied prefix reads its own copy.
+        sizes[name] = {"url": ref(ctx, url), "tokens": int(manifest["tokens"]),
+                       "documents": int(manifest["documents"])}
     manifest = plan_mixture(config, {n: s["tokens"] for n, s in sizes.items()})
     for name in sizes:
         manifest["datasets"][name].update(sizes[name])
@@ -114,6 +117,18 @@ def mixture(config: MixtureConfig, ctx: StepContext) -> None:
     ctx.results.update(sequences=manifest["sequences"], tokens=manifest["sequences"] * config.seq_len,
                        epochs=manifest["epochs"], warnings=manifest["warnings"],
                        stage_starts=[s["start"] for s in manifest["stages"]])
+
+
+def load_mixture(url: str) -> dict[str, Any]:
+    """The manifest of a mixture step's output folder (or of its mixture.json), every dataset's
+    `url` resolved against the folder (steps.data.refs)."""
+    path = url if url.endswith(".json") else join(url, MIXTURE_FILE)
+    manifest = read_json(path)
+    folder = path.rpartition("/")[0]
+    for info in manifest.get("datasets", {}).values():
+        if "url" in info:
+            info["url"] = resolve(info["url"], folder)
+    return manifest
 
 
 def plan_mixture(config: MixtureConfig, tokens: Mapping[str, int]) -> dict[str, Any]:
@@ -168,7 +183,7 @@ class MixtureSampler:
 
     def __init__(self, manifest: Mapping[str, Any] | str, datasets: Mapping[str, TokenDataset] | None = None) -> None:
         if isinstance(manifest, str):
-            manifest = read_json(join(manifest, MIXTURE_FILE))
+            manifest = load_mixture(manifest)
         if manifest.get("format") != MIXTURE_FORMAT:
             raise ValueError(f"not a mixture manifest (format {manifest.get('format')!r})")
         self.manifest = manifest

@@ -12,6 +12,10 @@ None for none; the tokenizer's own post-processor is never applied.
 
 Resumable per shard: a shard is done once `ledger/IIIII.json` exists, written after both of its
 files were renamed into place.
+
+The manifest names the tokenizer and each shard's source, and each ledger its source, relative to
+its own folder when they are in the same prefix (`steps.data.refs`): the same bytes under any
+prefix, and a copied prefix reads its own copy.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 from executor import InputPath, Resources, StepContext, run_only, step_type
 from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, \
     read_json, token_dtype, write_json
+from steps.data.refs import ref
 from steps.data.tokenizer import load_tokenizer, special_id
 
 
@@ -47,7 +52,7 @@ class TokenizeConfig:
 @dataclass(frozen=True)
 class _Job:
     output: str
-    shards: tuple[tuple[int, str], ...]
+    shards: tuple[tuple[int, str, str], ...]  # (index, URL, how the ledger names it)
     tokenizer: str
     bos: str | None
     eos: str | None
@@ -65,7 +70,8 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     bos_id, eos_id = special_id(tok, config.bos, "bos"), special_id(tok, config.eos, "eos")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     threads = config.threads or max(1, int(ctx.resources.cpus))
-    todo = [(i, url) for i, url in enumerate(inputs) if not ctx.exists(f"ledger/{i:05d}.json")]
+    todo = [(i, url, ref(ctx, url, ctx.path("ledger"))) for i, url in enumerate(inputs)
+            if not ctx.exists(f"ledger/{i:05d}.json")]
     ctx.logger.info("tokenize: %d shards, %d to do, %d encoder threads per task", len(inputs), len(todo), threads)
     per = max(1, config.shards_per_task)
     jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.tokenizer, config.bos, config.eos, config.batch_docs,
@@ -76,10 +82,11 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     for i, url in enumerate(inputs):
         ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
         shards.append({"name": f"{i:05d}", "tokens": ledger["tokens"], "documents": ledger["documents"],
-                       "source": url})
+                       "source": ref(ctx, url)})
     tokens, documents = sum(s["tokens"] for s in shards), sum(s["documents"] for s in shards)
     write_json(ctx.path(MANIFEST), {
-        "format": TOKENS_FORMAT, "dtype": token_dtype(vocab).name, "vocab_size": vocab, "tokenizer": config.tokenizer,
+        "format": TOKENS_FORMAT, "dtype": token_dtype(vocab).name, "vocab_size": vocab,
+        "tokenizer": ref(ctx, config.tokenizer),
         "bos": config.bos, "eos": config.eos, "bos_id": bos_id, "eos_id": eos_id,
         "tokens": tokens, "documents": documents, "shards": shards})
     ctx.results.update(tokens=tokens, documents=documents, shards=len(shards), dtype=token_dtype(vocab).name)
@@ -96,13 +103,13 @@ def _tokenize_shards(job: _Job) -> int:
     tok = load_tokenizer(job.tokenizer)
     bos, eos = special_id(tok, job.bos, "bos"), special_id(tok, job.eos, "eos")
     dtype = token_dtype(tok.get_vocab_size(with_added_tokens=True))
-    for index, url in job.shards:
+    for index, url, source in job.shards:
         name = f"{index:05d}"
         with TokenShardWriter(join(job.output, "shards"), name, dtype) as writer:
             for flat, lengths in encode_batches(tok, prefetch(iter_text_batches(url, job.batch_docs)), bos, eos, dtype):
                 writer.write(flat, lengths)
         write_json(join(job.output, f"ledger/{name}.json"),
-                   {"source": url, "tokens": writer.tokens, "documents": writer.documents})
+                   {"source": source, "tokens": writer.tokens, "documents": writer.documents})
     return len(job.shards)
 
 

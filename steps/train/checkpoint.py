@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from executor import VoyageError
+from executor import VoyageError, write_atomic
 
 CHECKPOINTS = "checkpoints"
 META = "meta.json"
@@ -160,8 +160,7 @@ def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
                  storage_writer=FsspecWriter(url, sync_files=False), no_dist=not dist.is_initialized())
     _barrier()
     if _is_main():
-        with fsspec.open(f"{url}/{META}", "w") as f:
-            json.dump(meta, f, indent=1, sort_keys=True)
+        write_atomic(f"{url}/{META}", json.dumps(meta, indent=1, sort_keys=True).encode(), fsync=True)
     _barrier()
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from executor import VoyageError
-from steps.data.formats import MANIFEST, join, read_json
-from steps.data.mixture import MIXTURE_FILE, MixtureSampler
+from steps.data.formats import join, read_tokens_manifest
+from steps.data.mixture import MIXTURE_FILE, MixtureSampler, load_mixture
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def read_mixture(url: str) -> dict[str, Any]:
     """The mixture manifest of a mixture step's output folder (or of the file itself)."""
     path = url if url.endswith(".json") else join(url, MIXTURE_FILE)
     try:
-        return read_json(path)
+        return load_mixture(path)  # its datasets' relative names resolved (steps.data.refs)
     except FileNotFoundError as e:
         raise VoyageError(f"data.mixture: no mixture manifest at {path}") from e
 
@@ -54,7 +54,7 @@ def mixture_vocab(manifest: dict[str, Any]) -> tuple[int, str]:
     """(vocab size, tokenizer) shared by every dataset of the mixture, or a VoyageError."""
     seen: dict[tuple[int, str], list[str]] = {}
     for name, info in sorted(manifest["datasets"].items()):
-        tokens = read_json(join(info["url"], MANIFEST))
+        tokens = read_tokens_manifest(info["url"])
         key = (int(tokens["vocab_size"]), str(tokens.get("tokenizer", "")))
         seen.setdefault(key, []).append(name)
     if len(seen) > 1:

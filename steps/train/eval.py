@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from executor import InputPath, StepContext, VoyageError, run_only, step_type
-from steps.data.formats import MANIFEST, TokenDataset, join, read_json
+from steps.data.formats import MANIFEST, TokenDataset, join, read_json, read_tokens_manifest
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,14 @@ def evaluate(config: EvalConfig, ctx: StepContext) -> None:
     """Held-out loss and bits per byte per dataset, the unigram baseline, and harness tasks;
     writes results.json."""
     from steps.data.mixture import MixtureSampler
+    from steps.data.refs import ref, resolve
     from steps.train import checkpoint
     from steps.train.data import check_vocab, read_mixture
     from steps.train.parallel import pick_device
 
     found = checkpoint.resolve(config.checkpoint, "checkpoint")
     meta = checkpoint.read_meta(found.url)
-    manifest = read_mixture(config.mixture or meta["mixture"])
+    manifest = read_mixture(config.mixture or resolve(meta["mixture"], found.url))
     vocab = check_vocab(meta["model"]["vocab_size"], manifest, field="checkpoint")
     for name, url in config.datasets.items():
         got = read_json(join(url, MANIFEST))["vocab_size"]
@@ -80,7 +81,7 @@ def evaluate(config: EvalConfig, ctx: StepContext) -> None:
     sampler = MixtureSampler(manifest)
     device = pick_device(config.device)
     model = load_model(found.url, meta, device)
-    tokenizer_url = read_json(join(next(iter(manifest["datasets"].values()))["url"], MANIFEST))["tokenizer"]
+    tokenizer_url = read_tokens_manifest(next(iter(manifest["datasets"].values()))["url"])["tokenizer"]
     nbytes = token_bytes(tokenizer_url, vocab)
 
     trained = min(int(meta["step"]) * int(meta["batch_size"]), sampler.size)
@@ -112,7 +113,7 @@ def evaluate(config: EvalConfig, ctx: StepContext) -> None:
     tokens = sum(v["tokens"] for v in scored)
     n_bytes = sum(v["bytes"] for v in scored)
     results: dict[str, Any] = {
-        "checkpoint": found.url, "step": found.step, "datasets": per,
+        "checkpoint": ref(ctx, found.url), "step": found.step, "datasets": per,
         "loss": sum(v["loss"] * v["tokens"] for v in scored) / tokens,
         "unigram_loss": sum(v["unigram_loss"] * v["tokens"] for v in scored) / tokens,
         "bpb": sum(v["bpb"] * v["bytes"] for v in scored) / max(n_bytes, 1),

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor import StepContext
+from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
@@ -167,7 +168,8 @@ class Trainer:
                  "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size}}
         meta = {"step": self.step, "tokens": self.tokens, "phase": job.phase,
                 "model": dataclasses.asdict(job.model_config),
-                "mixture": cfg.data.mixture, "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
+                "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
+                "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
                 "metrics": row, "startup_s": started - job.created, "time": time.time()}
         checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta)

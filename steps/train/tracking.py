@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import fsspec
 
+from executor import is_local
 from steps.data.formats import write_bytes
 from steps.train.config import TrackerConfig
 
@@ -92,7 +93,7 @@ class WandbTracker:
         if os.environ.get("WANDB_MODE") and cfg.mode is None:
             mode = os.environ["WANDB_MODE"]
         fs, path = fsspec.core.url_to_fs(output)
-        self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+        self._local = is_local(fs)
         self.dir = path if self._local else tempfile.mkdtemp(prefix="marin-wandb-")
         self.output = output
         os.makedirs(self.dir, exist_ok=True)

@@ -78,6 +78,13 @@ def test_hello_on_gcs_through_a_faulty_proxy(gcs_emulator, hello_reference, tmp_
     prefix = f"gs://marin-test/hello-{uuid.uuid4().hex[:8]}"
 
     def every_20th(method, target, n):  # 5%, every kind in turn, so that each one shows up
+        if "upload_id=" in target:
+            # The chunks of a step's own resumable uploads (gcsfs, inside `ctx.open`) are left
+            # alone: when the answer to the last chunk is dropped, gcsfs sends it again and the
+            # emulator, whose session is closed, answers 404, a FileNotFoundError in the step.
+            # That retry is gcsfs's, not the executor's; which request a fault lands on depends on
+            # how many requests come before it, so without this the test hit it now and then.
+            return None
         return faultkit.KINDS[(n // 20) % len(faultkit.KINDS)] if n % 20 == 7 else None
 
     with faultkit.FaultyProxy(gcs_emulator, rule=every_20th) as proxy:

@@ -1,6 +1,5 @@
 """Identity rules 1-6 of DESIGN.md: what the digest covers and how values are encoded."""
 
-import dataclasses
 import enum
 import os
 import subprocess

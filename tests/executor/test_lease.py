@@ -7,7 +7,7 @@ import time
 import pytest
 
 from executor.lease import Heartbeat, Leases, Owner
-from executor.store import Store
+from executor.store import Status, Store
 
 D = "step-0123456789"
 
@@ -75,7 +75,7 @@ def test_heartbeat_notices_a_lost_lease(store):
 RACE = """
 import sys, time
 from executor.lease import Leases, Owner
-from executor.store import Store
+from executor.store import Status, Store
 prefix, i, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 leases = Leases(Store(prefix), ttl=30, owner=Owner("h", i, f"run{i}"))
 while time.time() < start:
@@ -93,12 +93,63 @@ def test_processes_racing_on_local_files_one_wins(tmp_path):
     assert sorted(results) == ["-"] * 7 + ["1"], results
 
 
-def test_corrupt_lease_is_treated_as_expired(tmp_path):
-    store = Store(str(tmp_path))
-    store.fs.makedirs(store.path(D), exist_ok=True)
-    store.fs.pipe_file(store.path(D, ".lease"), b"{garbage")
-    lease, _ = Leases(store, ttl=5).try_acquire(D)
-    assert lease is not None
+def _spoil(store, content):
+    """Overwrite the lease file in place, as a torn write or a stray editor would."""
+    if store.is_local:
+        with open(store.path(D, ".lease"), "r+b") as f:
+            f.truncate(0)
+            f.write(content)
+    else:
+        store.fs.pipe_file(store.path(D, ".lease"), content)
+
+
+@pytest.mark.parametrize("content", [b"", b"{garbage", b'{"token": 3}'])
+def test_an_unreadable_lease_is_held_until_its_ttl_passes_then_taken_with_a_larger_token(store, content):
+    """Item 7: an empty or corrupt lease is neither released nor a reason to start tokens at 1."""
+    a, b = (Leases(store, ttl=0.6, owner=o) for o in owners(2))
+    lease_a, _ = a.try_acquire(D)
+    store.write_status(D, Status(state="RUNNING", digest="d" * 64, attempt=1, token=lease_a.token))
+    _spoil(store, content)
+    taken, holder = b.try_acquire(D)
+    assert taken is None and holder is not None and holder.live()
+    assert "unreadable" in holder.describe()
+    assert not a.still_ours(D, lease_a.token) and a.renew(D, lease_a) is None
+    with a.fence(D, lease_a.token) as ours:
+        assert not ours
+    time.sleep(0.7)  # one ttl after the lease file was last written
+    taken, _ = b.try_acquire(D)
+    assert taken is not None and taken.token > lease_a.token
+    with a.fence(D, lease_a.token) as ours:
+        assert not ours  # the old holder's writes do not pass
+
+
+def test_a_holder_that_wrote_nothing_yet_is_fenced_after_its_unreadable_lease_is_taken(store):
+    """The token of a holder whose worker has not started (so no status names it) is known only
+    to the lease; once that is unreadable the next token must still be larger than any before."""
+    a, b = (Leases(store, ttl=0.3, owner=o) for o in owners(2))
+    for _ in range(5):  # tokens 1..5, each released at once (a step found done meanwhile)
+        lease_a, _ = a.try_acquire(D)
+        a.release(D, lease_a)
+    lease_a, _ = a.try_acquire(D)
+    assert lease_a.token == 6
+    _spoil(store, b"")
+    time.sleep(0.35)
+    taken, _ = b.try_acquire(D)
+    assert taken is not None and taken.token > lease_a.token
+    with a.fence(D, lease_a.token) as ours:
+        assert not ours
+    b.release(D, taken)
+    again, _ = a.try_acquire(D)
+    assert again.token == taken.token + 1  # and from there on, one at a time
+
+
+def test_tokens_grow_past_the_status_token(store):
+    """A lease older than the status (restored from an earlier copy of the folder) cannot hand
+    out a token the status has already seen."""
+    a = Leases(store, ttl=5, owner=owners(1)[0])
+    store.write_status(D, Status(state="FAILED", digest="d" * 64, attempt=3, token=7))
+    lease, _ = a.try_acquire(D)
+    assert lease.token == 8
 
 
 def test_gcs_lease_io_on_the_emulator(gcs_emulator):
@@ -110,4 +161,10 @@ def test_gcs_lease_io_on_the_emulator(gcs_emulator):
     assert b.try_acquire(D)[0] is None
     assert a.renew(D, lease) is not None
     a.release(D, lease)
-    assert b.try_acquire(D)[0].token == 2
+    taken = b.try_acquire(D)[0]
+    assert taken.token == 2
+    # An unreadable lease object is held from its `updated` time as GCS reports it.
+    store.fs.pipe_file(store.path(D, ".lease"), b"")
+    written = store.fs.info(store.path(D, ".lease"))["mtime"].timestamp()
+    holder = a.try_acquire(D)[1]
+    assert holder.unreadable and abs(holder.acquired - written) < 1 and holder.expires == holder.acquired + 0.5

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from executor.store import SUCCESS, Record, Status, Store, output_digest
+from executor.store import SUCCESS, Record, Status, Store, StoreError, output_digest
 
 
 def _roundtrip(store: Store) -> None:
@@ -97,7 +97,7 @@ def test_check_writable(tmp_path):
     assert list((tmp_path / "new").iterdir()) == []
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(OSError):  # unwritable even for root
+    with pytest.raises(StoreError, match="cannot write under .*: Not a directory"):  # unwritable even for root
         Store(str(blocker / "prefix")).check_writable()
 
 

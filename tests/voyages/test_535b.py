@@ -4,6 +4,7 @@ import collections
 import importlib.util
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -90,3 +91,17 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
     assert summary.outcomes["dedup/kjv"].state == "SUCCESS" and summary.stale_after == []
     after = plan_steps(v535.voyage(config), prefix)
     assert after.counts() == {"CACHED": len(after.decisions)}
+
+    # Issue 13, item 10: the prefix copied elsewhere and the original moved away (so any read of it
+    # fails): every step plans CACHED with the same output digests, and a rerun of pretrain reads
+    # only the copy.
+    copy, away = str(tmp_path / "copy" / "out"), str(tmp_path / "away")
+    shutil.copytree(prefix, copy, symlinks=True)
+    shutil.move(prefix, away)
+    moved, _ = plan_steps(v535.voyage(config), copy)
+    assert moved.counts() == {"CACHED": len(moved.decisions)}
+    digests = {d.name: d.status.output_digest for d in after.decisions}
+    assert {d.name: d.status.output_digest for d in moved.decisions} == digests
+    _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
+    assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
+    assert not os.path.exists(prefix)

@@ -41,7 +41,7 @@ def test_bad_records_are_counted_and_kept_never_fatal(tmp_path):
     ]
     (raw / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     ctx = _ctx(tmp_path)
-    ingest(IngestConfig(input=str(raw)), ctx)
+    ingest(IngestConfig(input=str(raw), max_reject_share=0.8), ctx)  # 7 of 10 rejected, on purpose
     assert ctx.results["rejects"] == {"empty_text": 1, "invalid_json": 1, "invalid_utf8": 2, "no_text": 2,
                                       "not_an_object": 1}
     assert ctx.results["documents"] == 3
@@ -68,7 +68,7 @@ def test_compressed_jsonl_and_parquet_and_sharding(tmp_path):
     assert ctx.results["documents"] == 6 and ctx.results["shards"] == 4  # 2 + 2 + 1 from a, 1 from b
     assert [d["id"] for d in _docs(ctx)] == ["z0", "z1", "z2", "z3", "z4", "g"]
     ctx2 = _ctx(tmp_path, "pq")
-    ingest(IngestConfig(input=str(raw / "c.parquet"), text_field="content"), ctx2)
+    ingest(IngestConfig(input=str(raw / "c.parquet"), text_field="content", max_reject_share=0.5), ctx2)
     assert [(d["id"], d["text"], d["metadata"]) for d in _docs(ctx2)] == [("p0", "parquet 0", {"n": 1}),
                                                                           ("p2", "parquet 2", {"n": 3})]
     assert ctx2.results["rejects"] == {"empty_text": 1}
@@ -94,11 +94,11 @@ def test_resume_redoes_only_unfinished_files(tmp_path, monkeypatch):
     real = ingest_mod._ingest_one
     seen = []
 
-    def crash_on_third(output, index, url, config):
+    def crash_on_third(output, index, url, config, name=None):
         seen.append(index)
         if index == 2:
             raise RuntimeError("worker died")
-        real(output, index, url, config)
+        real(output, index, url, config, name)
 
     monkeypatch.setattr(ingest_mod, "_ingest_one", crash_on_third)
     with pytest.raises(RuntimeError):
@@ -127,3 +127,41 @@ def test_relative_inputs_are_read_from_root_whatever_the_working_directory(tmp_p
     assert [d["text"] for d in _docs(ctx)] == ["in b"]
     with pytest.raises(FileNotFoundError, match="data/c.jsonl"):
         ingest(IngestConfig(input="data/c.jsonl"), _ctx(tmp_path, "out-cwd"))
+
+
+def test_a_source_whose_records_are_rejected_fails_naming_the_reasons_and_an_example(tmp_path):
+    """Item 14: text under another field (code corpora use `content`) must not give a SUCCESS
+    with 0 documents; the step fails at once, naming the reasons, one example and its fields."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "code.jsonl").write_text("".join(json.dumps({"id": i, "content": f"print({i})", "lang": "py"}) + "\n"
+                                            for i in range(100)))
+    ctx = _ctx(tmp_path)
+    with pytest.raises(ingest_mod.TooManyRejects) as caught:
+        ingest(IngestConfig(input=str(raw)), ctx)
+    message = str(caught.value)
+    assert "100 of 100 records rejected (100.0%, more than max_reject_share 0.01): no_text 100" in message
+    assert 'code.jsonl line 1 (no_text): {"id": 0, "content": "print(0)", "lang": "py"}' in message
+    assert "fields content, id, lang; text_field is 'text'" in message
+    assert not ctx.exists("manifest.json")  # never looks done
+    ingest(IngestConfig(input=str(raw), text_field="content"), _ctx(tmp_path, "right"))  # the fix
+
+
+def test_rejects_within_the_declared_share_pass(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = [json.dumps({"text": f"doc {i}"}) for i in range(99)] + ['{"text": ""}']
+    (raw / "a.jsonl").write_text("\n".join(lines) + "\n")
+    ctx = _ctx(tmp_path)
+    ingest(IngestConfig(input=str(raw)), ctx)  # 1% is the default limit, and not more than it
+    assert ctx.results["rejected"] == 1 and ctx.results["documents"] == 99
+    with pytest.raises(ingest_mod.TooManyRejects, match="empty_text 1"):
+        ingest(IngestConfig(input=str(raw), max_reject_share=0.0), _ctx(tmp_path, "strict"))
+    everything = tmp_path / "bad"
+    everything.mkdir()
+    (everything / "b.jsonl").write_text('{"text": ""}\n[1]\n')
+    with pytest.raises(ingest_mod.TooManyRejects, match=r"2 of 2 records rejected \(100.0%, no document left\)"):
+        ingest(IngestConfig(input=str(everything), max_reject_share=1.0), _ctx(tmp_path, "lenient"))
+    from executor import VoyageError
+    with pytest.raises(VoyageError, match="max_reject_share"):
+        IngestConfig(input="x", max_reject_share=1.5)
