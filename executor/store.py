@@ -182,7 +182,10 @@ class Store:
             except FileNotFoundError:  # a retried delete whose first try landed
                 pass
 
-        self._bounded(write_and_remove, "write under", self.prefix)
+        try:
+            self._bounded(write_and_remove, "write under", self.prefix)
+        except NotADirectoryError as e:
+            raise error("write under", self.prefix, e) from None
 
     # -- status ----------------------------------------------------------------------------------
     def read_statuses(self, dirnames: list[str]) -> dict[str, Status | None]:
@@ -211,7 +214,7 @@ class Store:
         timeout = store_timeout() * (1 + per // 1000)
         try:
             return call(**({"timeout": timeout} if getattr(self.fs, "async_impl", False) else {}))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # absent (a file where a folder would be): the caller's case
             raise
         except Exception as e:
             raise error(action, where, e, timeout) from None
@@ -229,7 +232,7 @@ class Store:
         path = self.path(dirname, RECORD)
         try:
             data = self._bounded(lambda **bound: self.fs.cat_file(path, **bound), "read", self.to_url(path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             return Record.model_validate_json(data)
@@ -357,7 +360,7 @@ def _read_local(path: str) -> bytes | OSError | None:
     try:
         with open(path, "rb") as f:
             return f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a file where a folder of the path would be: no status
         return None
     except OSError as e:
         return e
