@@ -21,14 +21,16 @@ Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from steps.moe.config import flops_per_token, mean_keys
+from steps.moe.config import flops_per_token as _flops_per_token, mean_keys
 from steps.scale.hardware import Hardware
 from steps.scale.memory import BF16, FP32, Mesh, Shards, gathered_block, shards
 
 
+@functools.lru_cache(maxsize=256)
 def block_flops_per_token(cfg: Any, context: int) -> tuple[float, float]:
     """(forward FLOPs of all blocks, forward FLOPs of the routed experts) per token: a third of
     the training FLOPs of the blocks (forward + backward = 3 forwards)."""
@@ -42,6 +44,7 @@ def block_flops_per_token(cfg: Any, context: int) -> tuple[float, float]:
     return 2.0 * matmul + attn, 2.0 * cfg.n_layers * routed
 
 
+@functools.lru_cache(maxsize=256)
 def recompute_flops_per_token(cfg: Any, context: int, mode: str) -> float:
     """FLOPs a checkpointing mode runs again in the backward, per token: `full` the blocks'
     whole forward; `selective` the output projections (attention's wo, the shared and routed
@@ -85,6 +88,9 @@ class StepTime:
     @property
     def total(self) -> float:
         return self.compute + self.imbalance + self.recompute + self.exposed + self.optimizer
+
+
+flops_per_token = functools.lru_cache(maxsize=256)(_flops_per_token)
 
 
 def _ring(ranks: int) -> float:

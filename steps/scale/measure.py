@@ -11,14 +11,17 @@ allocates; `to_local()` of a rank past the end is shorter (tests build rank 0 an
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from executor import VoyageError
 from steps.scale import memory as mem
-from steps.scale.plan import Activations, Choice, Plan, Setup, estimate, with_measurement
+from steps.scale.plan import (Activations, Choice, Plan, Setup, estimate, layer_kinds, pick, shortfall,
+                              with_measurement)
 from steps.scale.trace import fake_world, trace_block, trace_head
 
 
@@ -90,7 +93,7 @@ def trace_activations(setup: Setup, choice: Choice) -> Activations:
     from torch.distributed.device_mesh import init_device_mesh
 
     cfg, ep = setup.model, choice.mesh.ep
-    layers = {cfg.is_global(i): i for i in range(cfg.n_layers)}
+    layers = layer_kinds(cfg)
     kept, working = {}, {}
     with fake_world(ep):
         mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("ep",)) if ep > 1 else None
@@ -119,3 +122,16 @@ def measure(setup: Setup, choice: Choice) -> Measured:
     acts = trace_activations(setup, choice)
     return Measured(plan=with_measurement(formula, acts, reading.shards), formula=formula, reading=reading,
                     trace_seconds=time.perf_counter() - start)
+
+
+@functools.lru_cache(maxsize=8)
+def plan_for(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
+             checkpointing: str = "auto") -> tuple[Measured, tuple[Plan, ...]]:
+    """The search's choice for the fields given (steps.scale.plan.pick), measured; and the
+    alternatives. A VoyageError when nothing divides or fits, or when the measured figures do
+    not fit where the closed form did. Cached: a voyage and its summary plan once."""
+    chosen, alternatives = pick(setup, dp_replicate, dp_shard, ep, microbatch, checkpointing)
+    measured = measure(setup, chosen.choice)
+    if not measured.plan.fits:
+        raise VoyageError(shortfall(measured.plan, "measured, the search's choice"))
+    return measured, tuple(alternatives)

@@ -16,6 +16,7 @@ ceil(rows / ranks), which is what the largest rank holds and what every rank all
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,7 @@ class Shards:
         return n_layers * (self.dense_per_block + self.experts_per_block) + self.embed + self.head
 
 
+@functools.lru_cache(maxsize=4096)
 def shards(cfg: Any, mesh: Mesh) -> Shards:
     """The closed form of what `parallelize` leaves on the largest rank."""
     s = mesh.dp_shard
@@ -182,11 +184,12 @@ def working_bytes(cfg: Any, layer: int, t: Tokens, mode: str, mesh: Mesh) -> int
 
 
 def head_bytes(cfg: Any, microbatch: int, context: int) -> int:
-    """The peak of the final norm, head and cross-entropy: bf16 logits, their fp32 copy, the
-    log-softmax kept for the backward and the fp32 gradient (12 bytes a logit), plus the norm's
-    parts (8 bytes a token and width)."""
-    T = microbatch * context
-    return 12 * T * cfg.vocab_size + 8 * T * cfg.dim + 4 * T
+    """The peak of the final norm, head and cross-entropy, at the larger of two moments: the
+    loss (bf16 logits, their fp32 copy, the log-softmax kept for the backward and its fp32
+    gradient: 12 bytes a logit, and the norm's parts), or the head's weight gradient (bf16
+    [V, D]) beside the logits' bf16 gradient, when the micro-batch is small."""
+    T, V, D = microbatch * context, cfg.vocab_size, cfg.dim
+    return max(12 * T * V + 4 * T * D, BF16 * V * D + 2 * T * V + 6 * T * D)
 
 
 def imbalance_bytes(cfg: Any, t: Tokens, mode: str, load_mean: float, load_peak: float) -> int:

@@ -5,7 +5,7 @@ from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
 (steps/scale/measure.py) passed in.
 
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792, mfu=0.229)
-    plans = search(setup)                     # fastest feasible first
+    plan, alternatives = pick(setup)          # the fastest that fits, and the runners-up
     plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="full"))
     print(format_plan(plan))
 """
@@ -13,11 +13,12 @@ from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from executor import VoyageError
-from steps.moe.config import flops_per_token
+from steps.scale.comms import flops_per_token
 from steps.scale import memory as mem
 from steps.scale.comms import StepTime, step_time
 from steps.scale.hardware import GB200_NVL72, GIB, Hardware
@@ -66,8 +67,9 @@ class Choice:
     def describe(self) -> str:
         m = self.mesh
         ep = f"EP{m.ep}" + (f" x efsdp {m.efsdp}" if m.efsdp > 1 else "")
+        ac = "no" if self.checkpointing == "none" else self.checkpointing
         return (f"dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} ({ep}), micro-batch {self.microbatch}, "
-                f"{self.checkpointing} checkpointing, Adam on {'host' if self.optimizer_on_host else 'GPU'}")
+                f"{ac} checkpointing, Adam on {'host' if self.optimizer_on_host else 'GPU'}")
 
 
 @dataclass(frozen=True)
@@ -163,10 +165,21 @@ def check(setup: Setup, choice: Choice) -> tuple[int, int]:
 # -- estimate -----------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=64)
+def layer_kinds(cfg: Any) -> dict[bool, int]:
+    """A layer of each kind the model has: is_global -> its index."""
+    return {cfg.is_global(i): i for i in range(cfg.n_layers)}
+
+
+@functools.lru_cache(maxsize=64)
+def n_global_layers(cfg: Any) -> int:
+    return sum(cfg.is_global(i) for i in range(cfg.n_layers))
+
+
 def formula_activations(setup: Setup, choice: Choice) -> Activations:
     """The closed-form activation figures (steps/scale/memory.py) of a choice."""
     cfg, t = setup.model, Tokens.of(setup.model, choice.microbatch, setup.context, choice.mesh.ep)
-    layers = {cfg.is_global(i): i for i in range(cfg.n_layers)}
+    layers = layer_kinds(cfg)
     mode = choice.checkpointing
     return Activations(kept={g: mem.kept_bytes(cfg, i, t, mode) for g, i in layers.items()},
                        working={g: mem.working_bytes(cfg, i, t, mode, choice.mesh) for g, i in layers.items()},
@@ -182,8 +195,8 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     acts = acts or formula_activations(setup, choice)
     sh = shards or mem.shards(cfg, m)
     params = sh.total(cfg.n_layers)
-    n_global = sum(cfg.is_global(i) for i in range(cfg.n_layers))
-    kept = n_global * acts.kept[True] + (cfg.n_layers - n_global) * acts.kept.get(False, acts.kept[True])
+    n_global = n_global_layers(cfg)
+    kept = n_global * acts.kept.get(True, 0) + (cfg.n_layers - n_global) * acts.kept.get(False, 0)
     working = max(acts.working.values())
     gathered = mem.gathered_block(cfg, m)
     ag = 2 * BF16 * gathered
@@ -244,52 +257,16 @@ def meshes(setup: Setup) -> Iterator[Mesh]:
                     yield Mesh(rep, shard, ep)
 
 
-def search(setup: Setup, optimizer_on_host: tuple[bool, ...] = (False,)) -> tuple[list[Plan], Plan | None]:
-    """(feasible plans, fastest first, one per mesh with its best micro-batch, checkpointing
-    and optimizer placement; the plan that needs the least memory when none fits). A mesh whose
-    sharded weights, gradients and optimizer state alone exceed the limit is not expanded."""
-    limit = setup.hardware.limit_bytes
-    best: list[Plan] = []
-    smallest: Plan | None = None
-    for mesh in meshes(setup):
-        try:
-            placement(setup, mesh)
-        except VoyageError:
-            continue
-        params = mem.shards(setup.model, mesh).total(setup.model.n_layers)
-        share = setup.batch // mesh.ranks
-        leanest = Choice(mesh, 1, "full", max(optimizer_on_host))
-        if FP32 * params * (2 if leanest.optimizer_on_host else 4) > limit:
-            plan = estimate(setup, leanest)
-            if smallest is None or plan.peak < smallest.peak:
-                smallest = plan
-            continue
-        mesh_best: Plan | None = None
-        for mb in _divisors(share):
-            for mode in MODES:
-                for host in optimizer_on_host:
-                    plan = estimate(setup, Choice(mesh, mb, mode, host))
-                    if plan.fits:
-                        if mesh_best is None or _key(plan) < _key(mesh_best):
-                            mesh_best = plan
-                    elif smallest is None or plan.peak < smallest.peak:
-                        smallest = plan
-        if mesh_best is not None:
-            best.append(mesh_best)
-    ranked = _rank(best) if best else []
-    return ranked, (None if ranked else smallest)
-
-
 def _key(plan: Plan) -> tuple[float, int, float]:
     """Fastest step; then fewer GPUs; then less memory."""
     return (round(plan.time.total, 3), plan.ranks, plan.peak)
 
 
-def shortfall(plan: Plan) -> str:
+def shortfall(plan: Plan, which: str = "its least-memory mesh") -> str:
     """One line naming the memory a plan lacks."""
     hw = plan.setup.hardware
     need, have = plan.peak / GIB, hw.limit_bytes / GIB
-    return (f"the step does not fit on {plan.setup.gpus} GPUs: its least-memory mesh ({plan.choice.describe()}) "
+    return (f"the step does not fit on {plan.setup.gpus} GPUs: {which} ({plan.choice.describe()}) "
             f"needs {need:,.1f} GiB a GPU, {need - have:,.1f} GiB more than {hw.hbm_limit:.0%} of the "
             f"{hw.hbm_gb:g} GB of a {hw.name} GPU ({have:.1f} GiB)")
 
@@ -298,10 +275,6 @@ def with_measurement(plan: Plan, acts: Activations, shards: mem.Shards) -> Plan:
     """The same plan recomputed from measured shards and traced activations."""
     return estimate(plan.setup, plan.choice, acts=acts, shards=shards,
                     sources={"shards": "measured", "activations": acts.source})
-
-
-def replace_setup(setup: Setup, **changes: Any) -> Setup:
-    return dataclasses.replace(setup, **changes)
 
 
 def check_fields(setup: Setup, dp_replicate: int, dp_shard: int, ep: int, microbatch: int) -> None:
@@ -364,7 +337,8 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
         if smallest is None:
             raise VoyageError(f"no mesh of the {setup.gpus} GPUs divides the batch of {setup.batch:,} sequences with "
                               f"the given {', '.join(f'{k} {v}' for k, v in fixed.items() if v) or 'fields'}")
-        raise VoyageError(shortfall(smallest))
+        given = all((dp_replicate, dp_shard, ep, microbatch)) and checkpointing != "auto"
+        raise VoyageError(shortfall(smallest, "the mesh asked for" if given else "its least-memory mesh"))
     ranked = _rank(feasible)
     per_mesh: dict[Mesh, Plan] = {}
     for p in ranked[1:]:

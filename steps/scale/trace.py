@@ -197,6 +197,7 @@ def trace_head(cfg, microbatch: int, context: int) -> HeadTrace:
     with FakeTensorMode():
         with _default_dtype(torch.bfloat16):
             model = MoETransformer(dataclasses.replace(cfg, n_layers=0))
+        model.embed.weight.requires_grad_(False)  # its backward comes at the very end, on its own
         tokens = torch.zeros(microbatch, context, dtype=torch.long)
         live = LiveBytes(existing=[tokens, *model.parameters()])
         with live:
