@@ -86,7 +86,6 @@ class Scale:
     batch_size: int  # sequences per optimizer step
     pretrain_tokens: float
     midtrain_tokens: float
-    train_workers: int
     train_resources: Resources
     data_resources: Resources
     eval_resources: Resources
@@ -101,8 +100,8 @@ class Scale:
 
 FULL = Scale(
     sources=FULL_SOURCES, preset="535b-a23b", seq_len=4096, batch_size=11_264,
-    pretrain_tokens=15e12, midtrain_tokens=3.75e12, train_workers=792,  # the workers the plan picks train
-    # per worker: 4 GPUs and 2 Grace CPUs (144 cores, 960 GB) a compute tray
+    pretrain_tokens=15e12, midtrain_tokens=3.75e12,
+    # a worker a GPU (a compute tray: 4 GPUs, 2 Grace CPUs of 72 cores and 480 GB); workers: the plan's ranks
     train_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=792),
     data_resources=Resources(cpus=8, memory_gb=32), eval_resources=Resources(cpus=16, gpus=4, accelerator="GB200"),
     tokenizer_vocab=128_256,
@@ -116,7 +115,7 @@ FULL = Scale(
 LAPTOP = Scale(
     sources=LAPTOP_SOURCES, preset="tiny", seq_len=65, batch_size=32,
     pretrain_tokens=320 * 32 * 65, midtrain_tokens=80 * 32 * 65,
-    train_workers=1, train_resources=Resources(cpus=1),
+    train_resources=Resources(cpus=1),
     data_resources=Resources(cpus=1), eval_resources=Resources(cpus=1), tokenizer_vocab=512,
     optimizer=OptimizerConfig(lr=1e-2, warmup_steps=30, min_lr_ratio=0.1),
     checkpoint_every=100,

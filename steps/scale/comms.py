@@ -27,7 +27,7 @@ from typing import Any
 
 from steps.moe.config import flops_per_token as _flops_per_token, mean_keys
 from steps.scale.hardware import Hardware
-from steps.scale.memory import BF16, FP32, Mesh, Shards, gathered_block, shards
+from steps.scale.memory import BF16, FP32, Mesh, Shards, shards
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,10 +100,11 @@ def _ring(ranks: int) -> float:
 
 def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, microbatch: int,
               checkpointing: str, mfu: float, replicas_per_rack: int, racks: int,
-              optimizer_on_host: bool, load: float) -> StepTime:
+              optimizer_on_host: bool, load: float, sh: Shards | None = None) -> StepTime:
     """The time of one optimizer step on one GPU. `share` sequences a rank per step, `microbatch`
-    of them per forward; `replicas_per_rank`: dp_shard groups that share a rack; `racks` the racks
-    the mesh spans; `load` the busiest expert-parallel rank's rows over the mean."""
+    of them per forward; `replicas_per_rack`: dp_shard groups that share a rack; `racks` the racks
+    the mesh spans; `load` the busiest expert-parallel rank's rows over the mean; `sh` the shards
+    (measured, or by default the closed form)."""
     micro = share // microbatch
     tokens = share * context  # per rank per step
     mb_tokens = microbatch * context
@@ -124,8 +125,7 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
         out.append(Collective("expert all-to-all", "nvlink", f"ep {mesh.ep}", calls * per_call, calls, seconds,
                               seconds, "none: its tokens are needed next"))
 
-    sh: Shards = shards(cfg, mesh)
-    gathered = gathered_block(cfg, mesh)
+    sh = sh or shards(cfg, mesh)
     dense_full = sh.dense_per_block * mesh.dp_shard
     expert_full = sh.experts_per_block * mesh.efsdp
     ag_block = BF16 * (dense_full * _ring(mesh.dp_shard) + expert_full * _ring(mesh.efsdp))

@@ -102,10 +102,9 @@ def shards(cfg: Any, mesh: Mesh) -> Shards:
     return Shards(dense_per_block=dense, experts_per_block=experts, embed=embed, head=head)
 
 
-def gathered_block(cfg: Any, mesh: Mesh) -> int:
+def gathered_block(sh: Shards, mesh: Mesh) -> int:
     """Elements of one block's weights as FSDP2 gathers them on a rank (padded rows included):
     the dense part whole, and this rank's e experts."""
-    sh = shards(cfg, mesh)
     return sh.dense_per_block * mesh.dp_shard + sh.experts_per_block * mesh.efsdp
 
 
@@ -165,7 +164,7 @@ def kept_bytes(cfg: Any, layer: int, t: Tokens, mode: str) -> int:
 def weight_grad_bytes(cfg: Any, mesh: Mesh) -> int:
     """bf16 gradients of one block's gathered weights: alive at the end of its backward until
     FSDP2 reduce-scatters them."""
-    return BF16 * gathered_block(cfg, mesh)
+    return BF16 * gathered_block(shards(cfg, mesh), mesh)
 
 
 def working_bytes(cfg: Any, layer: int, t: Tokens, mode: str, mesh: Mesh) -> int:

@@ -7,20 +7,18 @@ from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792, mfu=0.229)
     plan, alternatives = pick(setup)          # the fastest that fits, and the runners-up
     plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="full"))
-    print(format_plan(plan))
+    print(steps.scale.table.format_plan(plan, alternatives))
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from executor import VoyageError
-from steps.scale.comms import flops_per_token
 from steps.scale import memory as mem
-from steps.scale.comms import StepTime, step_time
+from steps.scale.comms import StepTime, flops_per_token, step_time
 from steps.scale.hardware import GB200_NVL72, GIB, Hardware
 from steps.scale.memory import BF16, FP32, MODES, Mesh, Tokens
 
@@ -198,7 +196,7 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     n_global = n_global_layers(cfg)
     kept = n_global * acts.kept.get(True, 0) + (cfg.n_layers - n_global) * acts.kept.get(False, 0)
     working = max(acts.working.values())
-    gathered = mem.gathered_block(cfg, m)
+    gathered = mem.gathered_block(sh, m)
     ag = 2 * BF16 * gathered
     rs = FP32 * gathered
     t = Tokens.of(cfg, choice.microbatch, setup.context, m.ep)
@@ -232,7 +230,7 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     )
     time = step_time(cfg, m, setup.hardware, context=setup.context, share=setup.batch // m.ranks,
                      microbatch=mb, checkpointing=choice.checkpointing, mfu=setup.mfu, replicas_per_rack=per_rack,
-                     racks=racks, optimizer_on_host=choice.optimizer_on_host, load=setup.load_mean)
+                     racks=racks, optimizer_on_host=choice.optimizer_on_host, load=setup.load_mean, sh=sh)
     return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, rows=rows, peak=peak,
                 time=time, sources=sources or {"shards": "formula", "activations": acts.source})
 
