@@ -26,7 +26,9 @@ R = A/2 rotary frequencies, V vocabulary, T = B*S tokens, E routed experts, K ex
 N = T*K token-expert slots, P rows of the expert-sorted buffer (N plus each expert's padding),
 F routed expert width.
 """
-from typing import Callable
+import contextlib
+import threading
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,25 @@ from steps.moe.balance import aux_balance_loss, z_loss
 from steps.moe.config import PRESETS, MoEConfig  # noqa: F401  (re-exported)
 from steps.moe.init import init_by_name
 from steps.moe.router import route
+
+
+class _Marks(threading.local):
+    output_projection = False
+
+
+MARKS = _Marks()
+
+
+@contextlib.contextmanager
+def output_projection() -> Iterator[None]:
+    """Marks the matmuls whose outputs only feed a sum (attention's wo, the experts' and the
+    shared experts' w2): no backward reads them, so selective activation checkpointing
+    (steps/train/recompute.py) recomputes them rather than keeping them."""
+    MARKS.output_projection = True
+    try:
+        yield
+    finally:
+        MARKS.output_projection = False
 
 
 class RMSNorm(nn.Module):
@@ -90,7 +111,8 @@ class Attention(nn.Module):
         else:
             o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, is_causal=True,
                                                     enable_gqa=True)
-        return self.wo(o_BHSA.transpose(1, 2).reshape(B, S, -1))
+        with output_projection():
+            return self.wo(o_BHSA.transpose(1, 2).reshape(B, S, -1))
 
 
 class FeedForward(nn.Module):
@@ -103,7 +125,9 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x_TD: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x_TD)) * self.w3(x_TD))
+        h_TF = F.silu(self.w1(x_TD)) * self.w3(x_TD)
+        with output_projection():
+            return self.w2(h_TF)
 
 
 def expert_layout(idx_TK: Tensor, counts_E: Tensor, align: int) -> tuple[Tensor, Tensor, int]:
@@ -172,7 +196,8 @@ def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, off
     # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
     h_PF = F.silu(torch._grouped_mm(x_PD, w1_EFD.transpose(-2, -1), offs=offs_E))
     h_PF = h_PF * torch._grouped_mm(x_PD, w3_EFD.transpose(-2, -1), offs=offs_E)
-    return torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
+    with output_projection():
+        return torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
 
 
 class LocalExperts:

@@ -122,7 +122,7 @@ def placement(setup: Setup, mesh: Mesh) -> tuple[int, int]:
     all-to-all traffic then runs on NVLink."""
     g, hw = setup.gpus_per_rack, setup.hardware
     if setup.gpus < 1:
-        raise VoyageError(f"gpus: {setup.gpus} GPUs")
+        raise VoyageError(f"gpus must be positive, got {setup.gpus}")
     if setup.gpus > hw.gpus_per_rack and setup.gpus % hw.gpus_per_rack:
         raise VoyageError(f"gpus: {setup.gpus} GPUs are not whole racks of {hw.gpus_per_rack} ({hw.name})")
     if mesh.dp_shard > g:
@@ -280,7 +280,9 @@ def check_fields(setup: Setup, dp_replicate: int, dp_shard: int, ep: int, microb
     search: the cluster's racks, experts over ep, ep inside dp_shard inside a rack, the batch
     over the ranks, the micro-batch inside a rank's share."""
     cfg, hw = setup.model, setup.hardware
-    if setup.gpus < 1 or (setup.gpus > hw.gpus_per_rack and setup.gpus % hw.gpus_per_rack):
+    if setup.gpus < 1:
+        raise VoyageError(f"gpus must be positive, got {setup.gpus}")
+    if setup.gpus > hw.gpus_per_rack and setup.gpus % hw.gpus_per_rack:
         raise VoyageError(f"gpus: {setup.gpus} GPUs are not whole racks of {hw.gpus_per_rack} ({hw.name})")
     if ep and cfg.n_experts % ep:
         raise VoyageError(f"ep: {ep} does not divide the model's {cfg.n_experts} routed experts")

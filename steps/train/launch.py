@@ -21,7 +21,7 @@ import shutil
 import socket
 import tempfile
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from steps.train.loop import Job, run
 
@@ -96,18 +96,18 @@ def _unwrap(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) and cause is not e else e
 
 
-def _local_worker(rank: int, job: Job, port: int, errors: Any) -> None:
+def _spawned(rank: int, workers: int, port: int, cuda: bool, target: Callable[..., Any], args: tuple,
+             errors: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(job.workers))
-    cuda = job.ctx.resources.gpus > 0 and torch.cuda.is_available()
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(workers))
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=job.workers)
+                            world_size=workers)
     try:
-        run(job)
+        target(*args)
     except BaseException as e:  # noqa: BLE001 (sent to the parent, which raises it)
         try:
             errors.put((rank, e, traceback.format_exc()))
@@ -119,9 +119,10 @@ def _local_worker(rank: int, job: Job, port: int, errors: Any) -> None:
             dist.destroy_process_group()
 
 
-def local_processes(job: Job) -> dict[str, Any]:
-    """Run the loop on `job.workers` spawned processes of this machine; raises the first
-    worker exception."""
+def spawn(target: Callable[..., Any], args: tuple, workers: int, cuda: bool = False) -> None:
+    """Run `target(*args)` in `workers` new processes of this machine, each in a process group
+    of them all (gloo; NCCL with one GPU each when `cuda`); raises the first worker exception.
+    When one worker fails the others are stopped (they would wait in a collective)."""
     from multiprocessing.connection import wait
 
     import torch.multiprocessing as mp
@@ -129,14 +130,19 @@ def local_processes(job: Job) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    # A fork server that has imported torch and the trainer once starts each worker in a fraction
+    # of a fresh interpreter's import time; it forks from a clean single-threaded process, not
+    # from this one (which may run Ray's threads).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
+                                "torch.distributed.checkpoint.state_dict", "steps.train.loop",
+                                "steps.moe.expert_parallel"])
     errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_local_worker, args=(rank, job, port, errors), daemon=True)
-             for rank in range(job.workers)]
+    procs = [ctx.Process(target=_spawned, args=(rank, workers, port, cuda, target, args, errors), daemon=True)
+             for rank in range(workers)]
     for p in procs:
         p.start()
     try:
-        # A worker that fails leaves the others waiting in a collective: stop them all then.
         running = list(procs)
         while running:
             wait([p.sentinel for p in running])
@@ -147,14 +153,20 @@ def local_processes(job: Job) -> dict[str, Any]:
         for p in procs:
             if p.is_alive():
                 p.kill()
-                p.join()
+            p.join()
     if not errors.empty():
         rank, error, trace = errors.get()
-        job.ctx.logger.error("%s: worker %d failed:\n%s", job.ctx.name, rank, trace)
-        raise error
+        raise error from RuntimeError(f"worker {rank} of {workers}:\n{trace}")
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
-        raise RuntimeError(f"{job.ctx.name}: a training process exited with code {bad[0]}")
+        raise RuntimeError(f"a spawned worker exited with code {bad[0]}")
+
+
+def local_processes(job: Job) -> dict[str, Any]:
+    """Run the loop on `job.workers` spawned processes of this machine."""
+    import torch
+
+    spawn(run, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
     return {}
 
 

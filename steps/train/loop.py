@@ -75,16 +75,17 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, norms do not. Parameters sharded over different meshes (dense and
-    expert) go in different groups, since one fused or foreach update runs on one mesh."""
-    groups: dict[tuple, list[torch.nn.Parameter]] = {}
-    for p in model.parameters():
-        mesh = getattr(p, "device_mesh", None)
-        groups.setdefault((p.dim() < 2, id(mesh) if mesh is not None else 0), []).append(p)
-    param_groups = [{"params": ps, "weight_decay": 0.0 if flat else cfg.weight_decay}
-                    for (flat, _), ps in groups.items()]
-    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=device.type == "cuda")
+    """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
+    optimizer (and scheduler) state saved on one mesh loads on any other. Fused on the GPU when
+    every parameter lives on one mesh; a plain per-parameter loop when expert parallelism puts
+    the experts on a mesh of their own (one multi-tensor kernel cannot span two meshes; a few
+    hundred small kernels a step cost milliseconds)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    flat = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    one_mesh = len({id(p.device_mesh) for p in model.parameters() if hasattr(p, "device_mesh")}) <= 1
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=device.type == "cuda" and one_mesh, foreach=None if one_mesh else False)
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:
@@ -194,7 +195,8 @@ class Trainer:
                 "model": dataclasses.asdict(job.model_config),
                 "mixture": cfg.data.mixture, "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
-                "mesh": {**dataclasses.asdict(self.pc), "places": [self.places[r].as_dict() for r in self.order]},
+                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
+                         "places": [self.places[r].as_dict() for r in self.order]},
                 "metrics": row, "startup_s": started - job.created, "time": time.time()}
         checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta)
         if self.main:

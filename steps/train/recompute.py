@@ -4,12 +4,14 @@
 - `full`: a block keeps only its input; its whole forward runs again in the backward (one more
   forward of compute, all-to-alls included; the least memory).
 - `selective`: a block keeps the outputs of its costly ops and recomputes the cheap ones. Saved:
-  matrix products (`mm`, `addmm`, `_grouped_mm`: the attention projections, the router logits,
-  the shared and routed experts), attention (`scaled_dot_product_*`) and the expert-parallel
-  all-to-alls (so a recomputed block never sends its tokens again). Recomputed: norms, rotary
-  embedding, SiLU and products, the router's top-k, token copies into the expert-sorted buffer.
-  What it keeps per block is the matmul outputs, about T x (2H*A + 2*G*A + shared + 3 x K x F)
-  values; what it frees is every elementwise intermediate.
+  matrix products (`mm`, `addmm`, `_grouped_mm`: q, k, v, the router logits, the gate and up
+  projections of the shared and routed experts), attention (`scaled_dot_product_*`) and the
+  expert-parallel all-to-alls (so a recomputed block never sends its tokens again). Recomputed:
+  norms, rotary embedding, SiLU and products, the router's top-k, token copies into the
+  expert-sorted buffer, and the output projections (attention's wo, the w2 of the shared and
+  routed experts, marked by `steps.moe.model.output_projection`): their outputs only feed a sum,
+  so keeping them would cost D values per token-slot for one more matmul (about 0.7% of a
+  block's forward at 535B) in the backward.
 
 The block's forward runs inside `torch.utils.checkpoint.checkpoint(use_reentrant=False)`
 (`Block.recompute` holds the context function), inside its FSDP2 unit, so the unit's parameters
@@ -48,8 +50,11 @@ def _saved_ops() -> set:
 def selective_policy(saved: frozenset) -> Callable:
     from torch.utils.checkpoint import CheckpointPolicy
 
+    from steps.moe.model import MARKS
+
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+        keep = op in saved and not MARKS.output_projection
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
 

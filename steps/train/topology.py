@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,15 +46,11 @@ def my_place(local: int | None = None) -> Place:
     the process's local rank (`LOCAL_RANK`, which Ray Train and torchrun set)."""
     if local is None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
-    try:
-        import ray
-
-        if ray.is_initialized():
-            ctx = ray.get_runtime_context()
-            labels = ctx.get_node_labels() or {}
-            return Place(rack=str(labels.get(RACK_LABEL, "")), node=ctx.get_node_id(), local=local)
-    except ImportError:
-        pass
+    ray = sys.modules.get("ray")  # a Ray worker has imported it; importing it here would cost seconds
+    if ray is not None and ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        labels = ctx.get_node_labels() or {}
+        return Place(rack=str(labels.get(RACK_LABEL, "")), node=ctx.get_node_id(), local=local)
     return Place(rack=os.environ.get("MARIN_RACK", ""), node=socket.gethostname(), local=local)
 
 

@@ -1,0 +1,130 @@
+"""Meshes with real processes over gloo: the same numerics on any mesh (issue 12, items 1 and 4)
+and topology-aware ranks on a real Ray cluster (item 3).
+
+Twenty steps of the tiny preset, 16 sequences a step, on: one process; 4 processes as ep=4
+(dp_shard 4, the experts two a rank, the rest FSDP-sharded four ways); 4 processes as
+dp_replicate 2 x dp_shard 2 with ep=2 (HSDP, two micro-batches a step, so the cross-replica
+all-reduce waits for the last one). Processes: `steps.train.launch.spawn`, the launcher a step
+uses when Ray is not running. Every run is the real Trainer, from a model built on `meta`,
+sharded there and initialized by parameter name. Then the ep=4 run's step-10 checkpoint is
+loaded on the HSDP mesh, on 2 processes as ep=2 (which resume from it and train on), and on one
+process (which resumes too).
+
+Racks: a `ray.cluster_utils.Cluster` whose two nodes carry the rack labels "r1" and "r0"
+(rack_host.py, a process of its own), a pretrain step on 4 Ray Train workers (gloo) as
+dp_replicate 2 x dp_shard 2 with ep=2. The step asks Ray for its workers rack by rack in whole
+expert-parallel groups, every worker reports its place, and the mesh is built from the ranks
+sorted by (rack, node, local index): the racks come in order, and every expert-parallel group and
+every replica stays inside one rack. (Sorting and checks on scrambled places are unit tests in
+test_train_parallel.py.) The cluster starts first and runs beside the gloo runs: most of its
+time is Ray starting processes, which overlaps well.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from meshkit import config, losses, run_mesh, seed_checkpoint  # noqa: E402
+from trainkit import make_mixture  # noqa: E402
+
+from steps.train.config import ParallelConfig  # noqa: E402
+
+TOLERANCE = 1e-5  # relative difference of a step's loss
+RACK_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rack_host.py")
+
+
+@pytest.fixture(scope="module")
+def racks(tokens, tmp_path_factory):
+    """The two-rack cluster's run, started now, read when a test asks (`racks()`)."""
+    root = tmp_path_factory.mktemp("racks")
+    mix = make_mixture(tokens, root / "mix", sequences=32, stages=((1.0, {"kjv": 1.0}),))  # 2 steps
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, RACK_HOST, mix, str(root / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+    def result():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    yield result
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def runs(tokens, racks, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mesh")
+    mix = make_mixture(tokens, root / "mix", sequences=320, stages=((1.0, {"kjv": 1.0}),))  # 20 steps of 16
+    out = {"one": run_mesh(config(mix, ParallelConfig()), str(root / "one"), 1),
+           "ep4": run_mesh(config(mix, ParallelConfig(ep=4)), str(root / "ep4"), 4)}
+    ckpt = f"{out['ep4']}/checkpoints/step-10"
+    out["hsdp"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2),
+                           str(root / "hsdp"), 4, load=ckpt)
+    for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1)):
+        seed_checkpoint(out["ep4"], 10, str(root / name))
+        out[name] = run_mesh(config(mix, pc), str(root / name), workers)
+    return out
+
+
+def _state(run, name):
+    return torch.load(f"{run}/dumps/{name}.pt")
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, differ
+
+
+def test_initial_weights_are_the_same_on_1_2_and_4_ranks(runs):
+    one = _state(runs["one"], "init")
+    assert "blocks.3.moe.w1_EFD" in one and tuple(one["blocks.3.moe.w1_EFD"].shape) == (8, 32, 64)
+    for run in ("ep4", "hsdp", "ep2-resumed"):  # 4, 4 and 2 ranks
+        _same(one, _state(runs[run], "init"))
+
+
+def _close(got, want, steps):
+    for s in steps:
+        assert abs(got[s] - want[s]) <= TOLERANCE * abs(want[s]), (s, got[s], want[s])
+
+
+def test_the_loss_trajectory_is_the_same_on_any_mesh(runs):
+    ref = losses(runs["one"])
+    assert sorted(ref) == list(range(1, 21)) and ref[20] < ref[1] - 0.5
+    _close(losses(runs["ep4"]), ref, range(1, 21))
+    _close(losses(runs["hsdp"]), ref, range(1, 21))
+
+
+def test_an_ep4_checkpoint_loads_on_ep2_and_one_process_and_training_resumes(runs):
+    # the same full state on every mesh it is loaded on
+    loaded = _state(runs["hsdp"], "loaded")
+    _same(loaded, _state(runs["ep2-resumed"], "resumed"))
+    _same(loaded, _state(runs["one-resumed"], "resumed"))
+    assert not torch.equal(loaded["blocks.0.moe.w1_EFD"], _state(runs["one"], "init")["blocks.0.moe.w1_EFD"])
+    # and training goes on from it as it went on from it on ep=4
+    want = losses(runs["ep4"])
+    for run in ("ep2-resumed", "one-resumed"):
+        got = losses(runs[run])
+        assert sorted(got) == list(range(11, 21))
+        _close(got, want, range(11, 21))
+
+
+def test_workers_are_ordered_by_rack_and_no_ep_group_crosses_one(runs, racks):
+    got = racks()
+    mesh, racks_of = got["mesh"], got["nodes"]
+    places = mesh["places"]  # in mesh order
+    assert (mesh["dp_replicate"], mesh["dp_shard"], mesh["ep"]) == (2, 2, 2)
+    assert sorted(mesh["ranks"]) == [0, 1, 2, 3]
+    assert [p["rack"] for p in places] == ["r0", "r0", "r1", "r1"]
+    assert all(racks_of[p["node"]] == p["rack"] for p in places)  # each worker ran where its label says
+    keys = [(p["rack"], p["node"], p["local"]) for p in places]
+    assert keys == sorted(keys)
+    for group in (places[0:2], places[2:4]):  # the ep groups, and the dp_shard groups of each replica
+        assert len({p["rack"] for p in group}) == 1
