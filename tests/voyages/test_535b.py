@@ -86,6 +86,20 @@ def test_a_step_that_does_not_divide_or_fit_exits_2(capsys, tmp_path, flags, mes
     assert not (tmp_path / "p").exists()
 
 
+def test_laptop_dry_run_plans_nothing_at_full_scale(tmp_path):
+    """The laptop preset stays quick to plan: its dry-run builds no fake process group and
+    imports neither torch nor Ray."""
+    import subprocess
+
+    code = ("import sys; from executor.cli import main; "
+            f"rc = main([{VOYAGE!r}, '--dry-run', '--laptop', '--prefix', {str(tmp_path / 'p')!r}]); "
+            "print('IMPORTED', [m for m in ('torch', 'ray') if m in sys.modules]); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "laptop rehearsal of the 535B voyage" in out.stdout and "IMPORTED []" in out.stdout
+    assert "plan of the training step" not in out.stdout
+
+
 def test_the_training_step_runs_the_planned_mesh(v535):
     from executor.dag import build_dag
 

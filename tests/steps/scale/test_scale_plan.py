@@ -84,6 +84,14 @@ def test_a_mesh_that_does_not_divide_is_named(fields, message):
         pick(FULL, **fields)
 
 
+def test_one_rack_fits_the_same_shards_and_zero_gpus_is_refused():
+    plan, _ = pick(dataclasses.replace(FULL, gpus=72))  # replicas add no memory a GPU: one rack fits, slower
+    assert plan.ranks == 64 and plan.choice.mesh.dp_replicate == 1 and plan.fits
+    assert plan.time.total > 10 * pick(FULL)[0].time.total
+    with pytest.raises(VoyageError, match="gpus must be positive, got 0"):
+        pick(dataclasses.replace(FULL, gpus=0))
+
+
 def test_gpus_must_be_whole_racks():
     with pytest.raises(VoyageError, match="gpus: 700 GPUs are not whole racks of 72"):
         pick(dataclasses.replace(FULL, gpus=700))
