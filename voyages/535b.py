@@ -130,7 +130,7 @@ class VoyageConfig:
     laptop: bool = False  # the same DAG at laptop scale: bundled corpus, tiny model, local resources
     seed: int = 0
     gpus: int = 792  # GPUs of the cluster: whole GB200 NVL72 racks of 72 (11 racks)
-    mfu: float = ANCHOR["mfu"]  # MFU assumed while computing (Marin's measured 22.9% on this model)
+    mfu: float = ANCHOR["mfu"]  # MFU assumed while computing (Marin measured 0.229 on this model and cluster)
     gpu_peak_tflops: float = 2500.0  # dense bf16 peak of one GB200 GPU
     dp_replicate: int = 0  # data-parallel replicas (HSDP across racks); 0: the plan's choice
     dp_shard: int = 0  # FSDP ranks of one replica, inside a rack; 0: the plan's choice

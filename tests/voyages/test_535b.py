@@ -86,6 +86,15 @@ def test_a_step_that_does_not_divide_or_fit_exits_2(capsys, tmp_path, flags, mes
     assert not (tmp_path / "p").exists()
 
 
+def test_help_lists_the_plan_flags(capsys):
+    from executor.cli import main
+
+    assert main([VOYAGE, "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--gpus", "--mfu", "--dp_replicate", "--dp_shard", "--ep", "--microbatch", "--checkpointing"):
+        assert flag in out, flag
+
+
 def test_laptop_dry_run_plans_nothing_at_full_scale(tmp_path):
     """The laptop preset stays quick to plan: its dry-run builds no fake process group and
     imports neither torch nor Ray."""
