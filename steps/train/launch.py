@@ -34,18 +34,20 @@ RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_
                  "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
-def in_process(job: Job) -> dict[str, Any]:
-    return run(job)
+def in_process(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    return entry(job)
 
 
 def _worker(config: dict[str, Any]) -> None:
-    # Results travel through the output folder (checkpoint meta.json, metrics.jsonl), not
-    # ray.train.report: in Ray Train 2 report is a collective tied to its own checkpoints.
-    run(config["job"])
+    # Results travel through the output folder (checkpoint meta.json, metrics.jsonl,
+    # results.json), not ray.train.report: in Ray Train 2 report is a collective tied to its own
+    # checkpoints.
+    config["entry"](config["job"])
 
 
-def ray_train(job: Job) -> dict[str, Any]:
-    """Run the loop on `job.workers` Ray Train workers; raises what a worker raised."""
+def ray_train(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` (the training loop) on `job.workers` Ray Train workers; raises what a
+    worker raised. `job` is a training Job or any job with `ctx`, `workers` and `parallel`."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -60,14 +62,14 @@ def ray_train(job: Job) -> dict[str, Any]:
         per_worker["GPU"] = res.gpus
     if res.accelerator:
         per_worker[res.accelerator] = float(res.gpus or 1)
-    pc = job.config.trainer.parallel.resolve(job.workers)
+    pc = job.parallel.resolve(job.workers)
     selectors = rack_selectors(job.workers, pc.ep, rack_capacity(ray.nodes(), per_worker))
     storage = tempfile.mkdtemp(prefix="marin-raytrain-")  # Ray Train's own run state; we checkpoint ourselves
     saved = {k: os.environ.get(k) for k in RAY_TRAIN_ENV}
     os.environ.update({k: v for k, v in RAY_TRAIN_ENV.items() if saved[k] is None})
     try:
         trainer = TorchTrainer(
-            _worker, train_loop_config={"job": job},
+            _worker, train_loop_config={"job": job, "entry": entry},
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=use_gpu, resources_per_worker=per_worker,
                                          label_selector=selectors),
@@ -162,21 +164,21 @@ def spawn(target: Callable[..., Any], args: tuple, workers: int, cuda: bool = Fa
         raise RuntimeError(f"a spawned worker exited with code {bad[0]}")
 
 
-def local_processes(job: Job) -> dict[str, Any]:
-    """Run the loop on `job.workers` spawned processes of this machine."""
+def local_processes(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` on `job.workers` spawned processes of this machine."""
     import torch
 
-    spawn(run, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
+    spawn(entry, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
     return {}
 
 
-def launch(job: Job) -> dict[str, Any]:
-    """Ray Train when more than one worker is asked for and Ray is running; local processes
-    when Ray is not; else in-process."""
+def launch(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` (default: the training loop) on Ray Train when more than one worker is
+    asked for and Ray is running; on local processes when Ray is not; else in-process."""
     if job.workers > 1:
         import ray
 
         if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
-            return ray_train(job)
-        return local_processes(job)
-    return in_process(job)
+            return ray_train(job, entry)
+        return local_processes(job, entry)
+    return in_process(job, entry)

@@ -32,8 +32,7 @@ from steps.moe.balance import update_expert_bias
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
-from steps.train.parallel import build_parallel, clip_grad_norm, materialize, pick_device, pick_precision, unwrap
-from steps.train.topology import check_ep_groups, gather_places, mesh_order, my_place
+from steps.train.parallel import arrange, clip_grad_norm, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
 
 
@@ -57,6 +56,10 @@ class Job:
     workers: int
     cpus_per_worker: float
     created: float  # time.time() when the step built the job (for the startup overhead)
+
+    @property
+    def parallel(self) -> Any:  # steps.train.config.ParallelConfig
+        return self.config.trainer.parallel
 
 
 def build_model(model_config: Any, seed: int, device: torch.device, parallel: Any = None) -> torch.nn.Module:
@@ -112,11 +115,8 @@ class Trainer:
         had_group = dist.is_initialized()
         precision = pick_precision(self.tcfg.precision, self.device)
         pc = self.tcfg.parallel.validate(self.world, job.model_config, self.cfg.data.batch_size, self.tcfg.microbatch)
-        self.places = gather_places(my_place())
-        order = mesh_order(self.places)
-        check_ep_groups(order, self.places, pc.ep)
-        self.parallel = build_parallel(pc, self.device, precision, order)
-        self.pc, self.order = pc, order
+        self.parallel, self.places, self.order = arrange(pc, self.device, precision)
+        self.pc = pc
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()

@@ -57,7 +57,7 @@ from steps.train.config import ParallelConfig  # noqa: F401  (re-exported: the p
 from steps.train.recompute import apply_checkpointing
 
 __all__ = ["ParallelConfig", "Meshes", "build_meshes", "parallelize", "materialize", "mixed_precision",
-           "build_parallel", "clip_grad_norm", "Single", "DDP", "FSDP"]
+           "build_parallel", "arrange", "clip_grad_norm", "Single", "DDP", "FSDP"]
 
 
 @dataclass
@@ -297,6 +297,18 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1:
         return DDP(pc, device, ranks)
     return FSDP(build_meshes(pc, device.type, ranks), precision)
+
+
+def arrange(pc: ParallelConfig, device: torch.device, precision: str) -> tuple[Single, list, list[int]]:
+    """This worker's component, after every worker's place was gathered and the mesh order taken
+    from them (steps/train/topology.py); refuses an expert-parallel group that spans racks.
+    Returns (component, places by global rank, mesh order). A collective."""
+    from steps.train.topology import check_ep_groups, gather_places, mesh_order, my_place
+
+    places = gather_places(my_place())
+    order = mesh_order(places)
+    check_ep_groups(order, places, pc.resolve(len(places)).ep)
+    return build_parallel(pc, device, precision, order), places, order
 
 
 def pick_precision(choice: str, device: torch.device) -> str:

@@ -93,3 +93,18 @@ def seed_checkpoint(source: str, step: int, output: str) -> None:
 
 def replace_pc(cfg: TrainConfig, pc: ParallelConfig, **trainer) -> TrainConfig:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, parallel=pc, **trainer))
+
+
+def run_eval(trained: str, output: str, workers: int, pc: ParallelConfig) -> dict:
+    """The eval step's scoring of `trained`'s newest checkpoint on `workers` spawned processes
+    (in this process for one) sharded by `pc`; returns results.json."""
+    from steps.train.eval import EvalConfig, prepare, score
+    from steps.train.launch import spawn
+
+    ctx = StepContext(name="eval", output=output, digest="e" * 64, resources=Resources(cpus=1, workers=workers))
+    job = prepare(EvalConfig(checkpoint=trained, max_sequences=24, batch_size=5, parallel=pc), ctx)
+    if workers == 1:
+        score(job)
+    else:
+        spawn(score, (job,), workers)
+    return json.load(open(f"{output}/results.json"))

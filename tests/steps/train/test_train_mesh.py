@@ -29,7 +29,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from meshkit import config, losses, run_mesh, seed_checkpoint  # noqa: E402
+from meshkit import config, losses, run_eval, run_mesh, seed_checkpoint  # noqa: E402
 from trainkit import make_mixture  # noqa: E402
 
 from steps.train.config import ParallelConfig  # noqa: E402
@@ -70,6 +70,8 @@ def runs(tokens, racks, tmp_path_factory):
     for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1)):
         seed_checkpoint(out["ep4"], 10, str(root / name))
         out[name] = run_mesh(config(mix, pc), str(root / name), workers)
+    out["eval-one"] = run_eval(out["ep4"], str(root / "eval-one"), 1, ParallelConfig())
+    out["eval-ep2"] = run_eval(out["ep4"], str(root / "eval-ep2"), 2, ParallelConfig(ep=2))
     return out
 
 
@@ -114,6 +116,13 @@ def test_an_ep4_checkpoint_loads_on_ep2_and_one_process_and_training_resumes(run
         got = losses(runs[run])
         assert sorted(got) == list(range(11, 21))
         _close(got, want, range(11, 21))
+
+
+def test_eval_loads_the_checkpoint_sharded_on_its_own_workers(runs):
+    one, two = runs["eval-one"], runs["eval-ep2"]
+    assert (one["workers"], two["workers"], one["step"]) == (1, 2, 20)
+    assert one["datasets"]["kjv"]["sequences"] == two["datasets"]["kjv"]["sequences"] == 24  # 12 a rank
+    assert abs(one["loss"] - two["loss"]) <= 1e-6 * one["loss"] and one["loss"] < 6.2  # < ln 512: it learnt
 
 
 def test_workers_are_ordered_by_rack_and_no_ep_group_crosses_one(runs, racks):
