@@ -3,7 +3,7 @@ parallelism, the way the 535B run spreads over racks.
 
     python tests/steps/train/rack_host.py MIXTURE OUTPUT
 
-Starts a `ray.cluster_utils.Cluster` of two nodes of two CPUs each, labelled `marin.rack` = "r1"
+Starts a `ray.cluster_utils.Cluster` of two nodes of three CPUs each, labelled `marin.rack` = "r1"
 (the head) and "r0"; connects to it and runs the `pretrain` step
 function (tests/steps/train/meshkit.py's 20-step recipe, two micro-batches a step) on 4 Ray
 Train workers (gloo, one CPU each) as dp_replicate 2 x dp_shard 2 with ep=2: a replica and an
@@ -34,12 +34,14 @@ def main() -> None:
     from steps.train.topology import RACK_LABEL
 
     mix, output = sys.argv[1], sys.argv[2]
-    # The head is rack r1's node (one raylet fewer to start); r0's node joins after it.
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=2, labels={RACK_LABEL: "r1"},
+    # The head is rack r1's node (one raylet fewer to start); r0's node joins after it. Three CPUs
+    # a node: packed freely (Ray Train's PACK), 4 one-CPU workers would go 3 + 1 and an ep group
+    # of 2 would cross the racks; placed in whole ep groups per rack they go 2 + 2.
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=3, labels={RACK_LABEL: "r1"},
                                                                 include_dashboard=False))
     nodes = {cluster.head_node.node_id: "r1"}
     try:
-        node = cluster.add_node(num_cpus=2, labels={RACK_LABEL: "r0"})
+        node = cluster.add_node(num_cpus=3, labels={RACK_LABEL: "r0"})
         nodes[node.node_id] = "r0"
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING", configure_logging=False)

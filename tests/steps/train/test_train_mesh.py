@@ -22,8 +22,11 @@ time is Ray starting processes, which overlaps well.
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -43,9 +46,11 @@ def racks(tokens, tmp_path_factory):
     """The two-rack cluster's run, started now, read when a test asks (`racks()`)."""
     root = tmp_path_factory.mktemp("racks")
     mix = make_mixture(tokens, root / "mix", sequences=32, stages=((1.0, {"kjv": 1.0}),))  # 2 steps
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # A Ray root of its own: the cluster must neither join nor be found by any other Ray here.
+    ray_tmp = tempfile.mkdtemp(prefix="mr", dir="/tmp")
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_TMPDIR": ray_tmp}
     proc = subprocess.Popen([sys.executable, RACK_HOST, mix, str(root / "out")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
     def result():
         out, err = proc.communicate(timeout=300)
@@ -53,9 +58,10 @@ def racks(tokens, tmp_path_factory):
         return json.loads(out.strip().splitlines()[-1])
 
     yield result
-    if proc.poll() is None:
-        proc.kill()
+    if proc.poll() is None:  # a test failed first: stop the host and the Ray processes it started
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
