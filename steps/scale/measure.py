@@ -114,8 +114,10 @@ class Measured:
     trace_seconds: float
 
 
+@functools.lru_cache(maxsize=8)
 def measure(setup: Setup, choice: Choice) -> Measured:
-    """The plan of `choice` from the real sharding and the traced activations."""
+    """The plan of `choice` from the real sharding and the traced activations (cached: the
+    voyage and its summary, or two configs that resolve to one choice, measure once)."""
     formula = estimate(setup, choice)  # checks divisibility first: nothing to build if it fails
     reading = read_shards(setup.model, choice)
     start = time.perf_counter()

@@ -120,8 +120,9 @@ def test_the_training_step_runs_the_planned_mesh(v535):
     assert parallel.checkpointing in ("selective", "full")
     # the trainer's own checks accept what the plan picked (whole sequences, ep inside a rack)
     parallel.validate(704, PRESETS["535b-a23b"], batch_size=11_264, microbatch=trainer.microbatch, ranks_per_rack=64)
-    fixed = build_dag(v535.voyage(v535.VoyageConfig(microbatch=1, checkpointing="full")))
-    assert fixed["pretrain/535b-a23b"].step.config.trainer.microbatch == 1
+    pinned = dict(ep=32, microbatch=trainer.microbatch, checkpointing=parallel.checkpointing)
+    fixed = build_dag(v535.voyage(v535.VoyageConfig(**pinned)))
+    assert fixed["pretrain/535b-a23b"].step.config.trainer.parallel.ep == 32
     # the mesh is run-only: the step's identity does not change with it
     assert fixed["pretrain/535b-a23b"].digest == dag["pretrain/535b-a23b"].digest
 
