@@ -167,6 +167,12 @@ class ParallelConfig:
     parallelism (DDP in fp32). The 535B anchor: `ParallelConfig(dp_replicate=11, dp_shard=64,
     ep=64, checkpointing="selective")` on 704 workers, one 64-GPU expert mesh per rack.
 
+    `offload` keeps each rank's shards of the fp32 weights, their gradients and the AdamW state in
+    pinned host memory (FSDP2's CPUOffloadPolicy): weights are copied to the GPU for each
+    all-gather, gradients back after each reduce-scatter, and the optimizer step runs on the CPU;
+    the anchor's choice at 535B, where the device then holds only activations and gathered
+    weights. Not measured on a GPU yet.
+
     Torch-free; `resolve` and `validate` check a mesh against a world size, a model and a batch
     (steps.train.parallel builds it). Run-only as a whole (docs/design.md)."""
 
@@ -174,6 +180,7 @@ class ParallelConfig:
     dp_shard: int = -1
     ep: int = 1
     checkpointing: str = "none"  # "none", "selective" (save matmul and all-to-all outputs), "full"
+    offload: bool = False  # sharded fp32 weights, gradients and AdamW state in host memory (FSDP2)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard"):

@@ -73,7 +73,7 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     parallel = parallel or Single(ParallelConfig().resolve(1))
     with torch.device("meta"):
         model = MoETransformer(model_config)
-    model = materialize(parallel.parallelize(model), device, seed)
+    model = materialize(parallel.parallelize(model), device, seed, offload=parallel.pc.offload)
     return parallel.wrap(model)
 
 
@@ -82,13 +82,14 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> t
     optimizer (and scheduler) state saved on one mesh loads on any other. Fused on the GPU when
     every parameter lives on one mesh; a plain per-parameter loop when expert parallelism puts
     the experts on a mesh of their own (one multi-tensor kernel cannot span two meshes; a few
-    hundred small kernels a step cost milliseconds)."""
+    hundred small kernels a step cost milliseconds); on the host when the state is offloaded."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
     one_mesh = len({id(p.device_mesh) for p in model.parameters() if hasattr(p, "device_mesh")}) <= 1
+    on_gpu = all(p.device.type == "cuda" for p in model.parameters())  # offloaded: the step runs on the host
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=device.type == "cuda" and one_mesh, foreach=None if one_mesh else False)
+                             fused=on_gpu and one_mesh, foreach=None if one_mesh else False)
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:

@@ -137,8 +137,11 @@ def parallelize(model: nn.Module, meshes: Meshes, pc: ParallelConfig | None = No
 
     from steps.moe.expert_parallel import EXPERT_WEIGHTS, shard_experts
 
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
     pc = meshes.pc if pc is None else pc.resolve(len(meshes.ranks))
     mp_policy = mp_policy or mixed_precision("fp32")
+    offload = CPUOffloadPolicy(pin_memory=meshes.dense.device_type == "cuda") if pc.offload else OffloadPolicy()
     if meshes.ep_mesh is not None:
         for block in model.blocks:
             shard_experts(block.moe, meshes.ep_mesh)
@@ -148,7 +151,7 @@ def parallelize(model: nn.Module, meshes: Meshes, pc: ParallelConfig | None = No
     expert_fsdp = meshes.expert_dp_mesh.size(-1)  # ranks sharing one expert shard
     expert_dim = Shard(1) if expert_fsdp > n_experts // pc.ep else Shard(0)
     placement = _placement_fn(meshes, expert_dim)
-    common = dict(mesh=meshes.dp_mesh, mp_policy=mp_policy)
+    common = dict(mesh=meshes.dp_mesh, mp_policy=mp_policy, offload_policy=offload)
     fully_shard(model.embed, reshard_after_forward=reshard_after_forward, **common)
     for block in model.blocks:
         experts = {getattr(block.moe, name) for name in EXPERT_WEIGHTS}
@@ -179,11 +182,17 @@ def _placement_fn(meshes: Meshes, expert_dim):
                               else ShardPlacementResult(Shard(0), dense_info))
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int) -> nn.Module:
+def materialize(model: nn.Module, device: torch.device, seed: int, offload: bool = False) -> nn.Module:
     """Allocate a (sharded) meta-device model on `device` and initialize it by parameter name and
-    seed (steps/moe/init.py): each rank writes only its shards, the same values on any mesh."""
-    model.to_empty(device=device)
+    seed (steps/moe/init.py): each rank writes only its shards, the same values on any mesh. With
+    `offload` the parameter shards are allocated in host memory (FSDP2 moves them to the device
+    for each gather) and only the buffers go to `device`."""
+    model.to_empty(device=torch.device("cpu") if offload else device)
     model.init_weights(seed)
+    if offload:
+        for module in model.modules():
+            for name, buf in list(module.named_buffers(recurse=False)):
+                module.register_buffer(name, buf.to(device), persistent=name not in module._non_persistent_buffers_set)
     return model
 
 
@@ -203,8 +212,10 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, shard_group:
     local = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in params)]
     square = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum() if local else \
         torch.zeros((), dtype=torch.float32)
+    if dist.get_backend(shard_group) == "nccl":  # offloaded gradients live on the host
+        square = square.to(torch.device("cuda", torch.cuda.current_device()))
     dist.all_reduce(square, group=shard_group)
-    total = square.sqrt()
+    total = square.sqrt().to(local[0].device if local else square.device)
     if math.isfinite(max_norm):
         torch._foreach_mul_(local, float((max_norm / (total + 1e-6)).clamp(max=1.0)))
     return total
@@ -283,10 +294,10 @@ class FSDP(Single):
 
 def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
                    ranks: list[int] | None = None) -> Single:
-    """The component for this run: FSDP for bf16 or any sharding, DDP for fp32 replication
-    only, Single for one fp32 process. bf16 on one worker starts a 1-rank process group for
-    FSDP2's mesh (`own_process_group` tells the caller to destroy it)."""
-    if precision == "bf16" and not dist.is_initialized():
+    """The component for this run: FSDP for bf16, offload or any sharding, DDP for fp32
+    replication only, Single for one fp32 process. FSDP on one worker starts a 1-rank process
+    group for FSDP2's mesh (the caller destroys it)."""
+    if (precision == "bf16" or pc.offload) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -294,7 +305,7 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     if not dist.is_initialized():
         return Single(pc)
     ranks = list(range(world)) if ranks is None else ranks
-    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1:
+    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and not pc.offload:
         return DDP(pc, device, ranks)
     return FSDP(build_meshes(pc, device.type, ranks), precision)
 

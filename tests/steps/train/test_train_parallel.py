@@ -202,3 +202,36 @@ def test_all_to_all_expert_path_matches_the_local_one_on_a_one_rank_group():
         dist.destroy_process_group()
     assert torch.allclose(l1, l2, rtol=1e-6, atol=0)
     assert all(torch.allclose(g1[n], g2[n], rtol=1e-5, atol=1e-7) for n in g1)
+
+
+def _train_steps(pc, steps=4):
+    """Losses of a few optimizer steps of the FOUR model on one process under `pc`."""
+    from steps.train.config import OptimizerConfig
+    from steps.train.loop import build_model, build_optimizer
+    from steps.train.parallel import build_parallel, clip_grad_norm
+
+    parallel = build_parallel(pc, torch.device("cpu"), "fp32")
+    try:
+        model = build_model(FOUR, 5, torch.device("cpu"), parallel)
+        optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2), torch.device("cpu"))
+        tokens = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+        losses = []
+        for _ in range(steps):  # one batch again and again: the loss must fall
+            logits, router_loss = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            (loss + router_loss).backward()
+            clip_grad_norm(model.parameters(), 1.0, parallel.norm_group)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(float(loss))
+        return losses
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_offloaded_state_trains_like_one_process():
+    plain = _train_steps(ParallelConfig())
+    offloaded = _train_steps(ParallelConfig(offload=True))  # FSDP2 on a one-rank group, state on the host
+    assert all(abs(a - b) <= 1e-5 * a for a, b in zip(plain, offloaded)), (plain, offloaded)
+    assert offloaded[-1] < offloaded[0]
