@@ -20,6 +20,7 @@ from typing import Any
 from executor import VoyageError, run_only
 
 CHECKPOINTING = ("none", "selective", "full")
+OFFLOAD = ("none", "moments", "all")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 TRACKERS = ("wandb", "none")
@@ -167,11 +168,13 @@ class ParallelConfig:
     parallelism (DDP in fp32). The 535B anchor: `ParallelConfig(dp_replicate=11, dp_shard=64,
     ep=64, checkpointing="selective")` on 704 workers, one 64-GPU expert mesh per rack.
 
-    `offload` keeps each rank's shards of the fp32 weights, their gradients and the AdamW state in
-    pinned host memory (FSDP2's CPUOffloadPolicy): weights are copied to the GPU for each
-    all-gather, gradients back after each reduce-scatter, and the optimizer step runs on the CPU;
-    the anchor's choice at 535B, where the device then holds only activations and gathered
-    weights. Not measured on a GPU yet.
+    `offload="moments"` (the anchor's choice at 535B) keeps the two AdamW moments of each rank's
+    shards in pinned host memory and streams them through the device one parameter at a time for
+    the update (steps/train/offload.py); weights and gradients stay on the device.
+    `offload="all"` keeps the fp32 weight shards, their gradients and the AdamW state on the host
+    (FSDP2's CPUOffloadPolicy): weights are copied to the device for each all-gather, gradients
+    back after each reduce-scatter, and the optimizer step runs on the CPU. Neither is measured
+    on a GPU yet; on the CPU "moments" is bitwise plain AdamW.
 
     Torch-free; `resolve` and `validate` check a mesh against a world size, a model and a batch
     (steps.train.parallel builds it). Run-only as a whole (docs/design.md)."""
@@ -180,7 +183,7 @@ class ParallelConfig:
     dp_shard: int = -1
     ep: int = 1
     checkpointing: str = "none"  # "none", "selective" (save matmul and all-to-all outputs), "full"
-    offload: bool = False  # sharded fp32 weights, gradients and AdamW state in host memory (FSDP2)
+    offload: str = "none"  # "moments": AdamW moments in host memory; "all": weights, gradients too
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard"):
@@ -194,6 +197,8 @@ class ParallelConfig:
         if self.checkpointing not in CHECKPOINTING:
             raise VoyageError(f"trainer.parallel.checkpointing must be one of {CHECKPOINTING}, "
                               f"got {self.checkpointing!r}")
+        if self.offload not in OFFLOAD:
+            raise VoyageError(f"trainer.parallel.offload must be one of {OFFLOAD}, got {self.offload!r}")
 
     def resolve(self, world_size: int) -> "ParallelConfig":
         """The same mesh with -1 replaced by what `world_size` workers leave; a VoyageError when

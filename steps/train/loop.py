@@ -73,21 +73,28 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     parallel = parallel or Single(ParallelConfig().resolve(1))
     with torch.device("meta"):
         model = MoETransformer(model_config)
-    model = materialize(parallel.parallelize(model), device, seed, offload=parallel.pc.offload)
+    model = materialize(parallel.parallelize(model), device, seed, offload=parallel.pc.offload == "all")
     return parallel.wrap(model)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none"
+                    ) -> torch.optim.Optimizer:
     """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
-    optimizer (and scheduler) state saved on one mesh loads on any other. Fused on the GPU when
-    every parameter lives on one mesh; a plain per-parameter loop when expert parallelism puts
-    the experts on a mesh of their own (one multi-tensor kernel cannot span two meshes; a few
-    hundred small kernels a step cost milliseconds); on the host when the state is offloaded."""
+    optimizer (and scheduler) state saved on one mesh loads on any other. With offload="moments",
+    the moments live in host memory (steps/train/offload.py). Else fused on the GPU when every
+    parameter lives on one mesh; a plain per-parameter loop when expert parallelism puts the
+    experts on a mesh of their own (one multi-tensor kernel cannot span two meshes; a few hundred
+    small kernels a step cost milliseconds); on the host when the state is offloaded ("all")."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    if offload == "moments":
+        from steps.train.offload import HostMomentsAdamW
+
+        return HostMomentsAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
     one_mesh = len({id(p.device_mesh) for p in model.parameters() if hasattr(p, "device_mesh")}) <= 1
-    on_gpu = all(p.device.type == "cuda" for p in model.parameters())  # offloaded: the step runs on the host
+    on_gpu = all(p.device.type == "cuda" for p in model.parameters())
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              fused=on_gpu and one_mesh, foreach=None if one_mesh else False)
 
@@ -121,7 +128,7 @@ class Trainer:
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()
-        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device)
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
         self.context = job.phases.seq_len - 1

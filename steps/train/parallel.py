@@ -141,7 +141,8 @@ def parallelize(model: nn.Module, meshes: Meshes, pc: ParallelConfig | None = No
 
     pc = meshes.pc if pc is None else pc.resolve(len(meshes.ranks))
     mp_policy = mp_policy or mixed_precision("fp32")
-    offload = CPUOffloadPolicy(pin_memory=meshes.dense.device_type == "cuda") if pc.offload else OffloadPolicy()
+    offload = (CPUOffloadPolicy(pin_memory=meshes.dense.device_type == "cuda") if pc.offload == "all"
+               else OffloadPolicy())
     if meshes.ep_mesh is not None:
         for block in model.blocks:
             shard_experts(block.moe, meshes.ep_mesh)
@@ -294,10 +295,10 @@ class FSDP(Single):
 
 def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
                    ranks: list[int] | None = None) -> Single:
-    """The component for this run: FSDP for bf16, offload or any sharding, DDP for fp32
+    """The component for this run: FSDP for bf16, offload="all" or any sharding, DDP for fp32
     replication only, Single for one fp32 process. FSDP on one worker starts a 1-rank process
     group for FSDP2's mesh (the caller destroys it)."""
-    if (precision == "bf16" or pc.offload) and not dist.is_initialized():
+    if (precision == "bf16" or pc.offload == "all") and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -305,7 +306,7 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     if not dist.is_initialized():
         return Single(pc)
     ranks = list(range(world)) if ranks is None else ranks
-    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and not pc.offload:
+    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and pc.offload != "all":
         return DDP(pc, device, ranks)
     return FSDP(build_meshes(pc, device.type, ranks), precision)
 

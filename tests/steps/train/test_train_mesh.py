@@ -73,7 +73,8 @@ def runs(tokens, racks, tmp_path_factory):
     ckpt = f"{out['ep4']}/checkpoints/step-10"
     out["hsdp"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2),
                            str(root / "hsdp"), 4, load=ckpt)
-    for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1)):
+    for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1),
+                              ("ep2-moments", ParallelConfig(ep=2, offload="moments"), 2)):
         seed_checkpoint(out["ep4"], 10, str(root / name))
         out[name] = run_mesh(config(mix, pc), str(root / name), workers)
     out["eval-one"] = run_eval(out["ep4"], str(root / "eval-one"), 1, ParallelConfig())
@@ -122,6 +123,26 @@ def test_an_ep4_checkpoint_loads_on_ep2_and_one_process_and_training_resumes(run
         got = losses(runs[run])
         assert sorted(got) == list(range(11, 21))
         _close(got, want, range(11, 21))
+
+
+def _checkpoint(run, step, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = tmp_path / f"{os.path.basename(run)}-{step}.pt"
+    dcp_to_torch_save(f"{run}/checkpoints/step-{step}", str(path))
+    state = torch.load(path, weights_only=False)
+    return {**{f"model.{k}": v for k, v in state["model"].items()},
+            **{f"optim.{fqn}.{k}": v for fqn, kv in state["optim"]["state"].items() for k, v in kv.items()}}
+
+
+def test_adamw_moments_on_the_host_are_bitwise_plain_adamw_with_expert_parallelism(runs, tmp_path):
+    # both resumed the ep=4 step-10 checkpoint (written without offload) on 2 processes as ep=2
+    assert losses(runs["ep2-moments"]) == losses(runs["ep2-resumed"])
+    _same(_state(runs["ep2-moments"], "resumed"), _state(runs["ep2-resumed"], "resumed"))
+    # the step-20 checkpoint written with the offload holds the same tensors under the same keys
+    with_offload, without = _checkpoint(runs["ep2-moments"], 20, tmp_path), _checkpoint(runs["ep2-resumed"], 20, tmp_path)
+    assert any(".exp_avg_sq" in k for k in with_offload)
+    _same(with_offload, without)
 
 
 def test_eval_loads_the_checkpoint_sharded_on_its_own_workers(runs):

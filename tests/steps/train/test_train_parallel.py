@@ -204,8 +204,9 @@ def test_all_to_all_expert_path_matches_the_local_one_on_a_one_rank_group():
     assert all(torch.allclose(g1[n], g2[n], rtol=1e-5, atol=1e-7) for n in g1)
 
 
-def _train_steps(pc, steps=4):
-    """Losses of a few optimizer steps of the FOUR model on one process under `pc`."""
+def _train_steps(pc, steps=4, weights=None):
+    """Losses of a few optimizer steps of the FOUR model on one process under `pc` (and, into
+    `weights`, the final weights and AdamW state)."""
     from steps.train.config import OptimizerConfig
     from steps.train.loop import build_model, build_optimizer
     from steps.train.parallel import build_parallel, clip_grad_norm
@@ -224,6 +225,10 @@ def _train_steps(pc, steps=4):
             optimizer.step()
             optimizer.zero_grad()
             losses.append(float(loss))
+        if weights is not None:
+            weights.update({n: p.detach().clone() for n, p in model.named_parameters()})
+            weights.update({f"{n}.{k}": optimizer.state[p][k].clone() for n, p in model.named_parameters()
+                            for k in ("exp_avg", "exp_avg_sq", "step")})
         return losses
     finally:
         if dist.is_initialized():
@@ -232,6 +237,13 @@ def _train_steps(pc, steps=4):
 
 def test_offloaded_state_trains_like_one_process():
     plain = _train_steps(ParallelConfig())
-    offloaded = _train_steps(ParallelConfig(offload=True))  # FSDP2 on a one-rank group, state on the host
+    offloaded = _train_steps(ParallelConfig(offload="all"))  # FSDP2 on a one-rank group, state on the host
     assert all(abs(a - b) <= 1e-5 * a for a, b in zip(plain, offloaded)), (plain, offloaded)
     assert offloaded[-1] < offloaded[0]
+
+
+def test_host_moments_are_bitwise_plain_adamw_on_the_cpu():
+    plain, host = {}, {}
+    assert _train_steps(ParallelConfig(), weights=plain) == _train_steps(ParallelConfig(offload="moments"),
+                                                                         weights=host)
+    assert plain.keys() == host.keys() and all(torch.equal(plain[k], host[k]) for k in plain)
