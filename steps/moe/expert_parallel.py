@@ -17,8 +17,10 @@ forward on every rank of the group:
    is the reverse all-to-all);
 4. regroup the received rows (source rank major) by local expert, each group padded to
    `expert_align`, run the three grouped GEMMs on the local expert weights, gather the rows back;
-5. return every row to the rank it came from with the reverse all-to-all, un-sort, and sum each
-   token's K outputs weighted by the router, in a fixed order.
+5. return every row to the rank it came from with the reverse all-to-all, and compute the shared
+   experts while it is in flight (the collective is issued asynchronously and waited for only
+   when its rows are read, as torchtitan overlaps them); then un-sort, sum each token's K outputs
+   weighted by the router in a fixed order, and add the shared experts' output.
 
 Dropless: every slot is sent and computed; the buffers are as large as the routing makes them.
 The collectives are functional collectives (`torch.distributed._functional_collectives`), whose
@@ -46,7 +48,8 @@ class AllToAllExperts:
             raise ValueError(f"{n_experts} routed experts do not divide over an expert-parallel group of {self.size}")
         self.per_rank = n_experts // self.size
 
-    def __call__(self, moe: MoE, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor) -> Tensor:
+    def __call__(self, moe: MoE, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
+                 beside=None) -> Tensor:
         from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 
         T, K = idx_TK.shape
@@ -69,9 +72,11 @@ class AllToAllExperts:
         row_R, offs_e, n_rows = expert_layout(expert_R[:, None], got_Pe.sum(0), moe.cfg.expert_align)
         x_QD = _Dispatch.apply(x_RD, row_R[:, None], n_rows)
         y_QD = expert_ffn(x_QD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF), offs_e)
-        y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)
-        y_TKD = y_ND[pos_N].view(T, K, -1)
-        return (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)  # issued, not waited for
+        shared_TD = beside() if beside is not None else None  # overlaps the combine all-to-all
+        y_TKD = y_ND[pos_N].view(T, K, -1)  # the wait
+        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        return out_TD if shared_TD is None else out_TD + shared_TD
 
 
 EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")

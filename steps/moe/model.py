@@ -202,16 +202,19 @@ def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, off
 
 class LocalExperts:
     """Every routed expert on this rank: tokens copied into the expert-sorted, padded buffer,
-    three grouped GEMMs, gathered back and weighted by the router."""
+    three grouped GEMMs, gathered back and weighted by the router. `beside` (the shared experts)
+    is computed after and added: routed + shared, in that order on every path."""
 
-    def __call__(self, moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor) -> Tensor:
+    def __call__(self, moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
+                 beside: Callable[[], Tensor] | None = None) -> Tensor:
         T, K = idx_TK.shape
         row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, moe.cfg.expert_align)
         x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows)
         y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
                           offs_E)
         y_TKD = y_PD[row_N].view(T, K, -1)
-        return (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        return out_TD if beside is None else out_TD + beside()
 
 
 def _recomputing() -> bool:
@@ -247,9 +250,8 @@ class MoE(nn.Module):
         if self.training and not _recomputing():
             with torch.no_grad():
                 self.expert_load_E += r.counts_E
-        out_TD = self.experts(self, x_TD, r.weights_TK, r.indices_TK, r.counts_E)
-        if self.shared is not None:
-            out_TD = out_TD + self.shared(x_TD)
+        shared = (lambda: self.shared(x_TD)) if self.shared is not None else None
+        out_TD = self.experts(self, x_TD, r.weights_TK, r.indices_TK, r.counts_E, beside=shared)
         loss = cfg.z_loss_coef * z_loss(r.lse_T)
         if cfg.aux_loss_coef:
             loss = loss + cfg.aux_loss_coef * aux_balance_loss(r.counts_E, r.score_sums_E, cfg.top_k)
