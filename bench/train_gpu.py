@@ -87,7 +87,8 @@ def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device
     total, active = count_params(cfg)
     peak = peak_flops(str(device), torch.get_num_threads())
     cuda = device.type == "cuda"
-    return {"preset": preset, "checkpointing": checkpointing, "params_total": total, "params_active": active, "batch": batch, "seq": seq,
+    return {"preset": preset, "checkpointing": checkpointing, "params_total": total, "params_active": active,
+            "batch": batch, "seq": seq,
             "step_s": seconds, "tokens_per_s": tokens_per_s, "model_tflops_per_token": flops / 1e12,
             "achieved_tflops": tokens_per_s * flops / 1e12, "peak_tflops": peak / 1e12,
             "mfu": tokens_per_s * flops / peak, "loss": float(loss),

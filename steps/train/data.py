@@ -2,8 +2,8 @@
 
 Optimizer step s reads the mixture's global sequences s*B .. s*B + B-1 (B = data.batch_size),
 whatever the number of workers: data-parallel rank r of W (its place in the topology-sorted
-mesh, steps/train/topology.py) takes the r-th contiguous slice of B/W, cut into micro-batches. So the global order depends only on the mixture, and resuming at step s is
-reading from s*B on. Torch-free (numpy only).
+mesh, steps/train/topology.py) takes the r-th contiguous slice of B/W, cut into micro-batches.
+So the global order depends only on the mixture, and resuming at step s is reading from s*B on. Torch-free (numpy only).
 """
 
 from __future__ import annotations

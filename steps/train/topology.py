@@ -78,7 +78,8 @@ def check_ep_groups(order: list[int], places: list[Place], ep: int) -> None:
         racks = sorted({places[r].rack for r in group})
         if len(racks) > 1:
             counts = {rack: sum(places[r].rack == rack for r in group) for rack in racks}
-            raise VoyageError(f"trainer.parallel.ep: the expert-parallel group of mesh positions {start}..{start + ep - 1} "
+            raise VoyageError(f"trainer.parallel.ep: the expert-parallel group of mesh positions "
+                              f"{start}..{start + ep - 1} "
                               f"spans racks {counts}; every rack must hold a multiple of ep={ep} training workers "
                               f"(label nodes with {RACK_LABEL!r} and let the step place its workers, "
                               f"docs/scaling-out.md)")

@@ -140,7 +140,8 @@ def test_adamw_moments_on_the_host_are_bitwise_plain_adamw_with_expert_paralleli
     assert losses(runs["ep2-moments"]) == losses(runs["ep2-resumed"])
     _same(_state(runs["ep2-moments"], "resumed"), _state(runs["ep2-resumed"], "resumed"))
     # the step-20 checkpoint written with the offload holds the same tensors under the same keys
-    with_offload, without = _checkpoint(runs["ep2-moments"], 20, tmp_path), _checkpoint(runs["ep2-resumed"], 20, tmp_path)
+    with_offload = _checkpoint(runs["ep2-moments"], 20, tmp_path)
+    without = _checkpoint(runs["ep2-resumed"], 20, tmp_path)
     assert any(".exp_avg_sq" in k for k in with_offload)
     _same(with_offload, without)
 

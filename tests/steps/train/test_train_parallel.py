@@ -105,7 +105,7 @@ def fake_world(world: int, rank: int = 0):
         dist.destroy_process_group()
 
 
-def _sharded(cfg, pc, world, rank=0):
+def _sharded(cfg, pc):
     from steps.moe.model import MoETransformer
     from steps.train.parallel import build_meshes, parallelize
 
@@ -117,8 +117,8 @@ def _sharded(cfg, pc, world, rank=0):
 
 def test_the_535b_model_shards_at_704_ranks_on_meta():
     with fake_world(704):  # two of its 48 layers: the same shapes, a twentieth of the time
-        model, meshes = _sharded(dataclasses.replace(BIG, n_layers=2), ParallelConfig(dp_replicate=11, dp_shard=64, ep=64, checkpointing="selective"),
-                                 704)
+        pc = ParallelConfig(dp_replicate=11, dp_shard=64, ep=64, checkpointing="selective")
+        model, meshes = _sharded(dataclasses.replace(BIG, n_layers=2), pc)
         shapes = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
         assert meshes.ep_groups()[0] == list(range(64)) and len(meshes.ep_groups()) == 11
         assert all(p.device.type == "meta" for p in model.parameters())
@@ -149,7 +149,7 @@ def test_shards_drawn_rank_by_rank_are_the_one_process_initialization(world, pc)
     got = {n: torch.full_like(p, float("nan")) for n, p in want.items()}
     for rank in range(world):
         with fake_world(world, rank):
-            model, _ = _sharded(FOUR, pc, world, rank)
+            model, _ = _sharded(FOUR, pc)
             model.to_empty(device="cpu")
             model.init_weights(seed=7)
             for name, p in model.named_parameters():
