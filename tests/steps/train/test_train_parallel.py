@@ -247,3 +247,30 @@ def test_host_moments_are_bitwise_plain_adamw_on_the_cpu():
     assert _train_steps(ParallelConfig(), weights=plain) == _train_steps(ParallelConfig(offload="moments"),
                                                                          weights=host)
     assert plain.keys() == host.keys() and all(torch.equal(plain[k], host[k]) for k in plain)
+
+
+@pytest.mark.parametrize("first, then", [("none", "moments"), ("moments", "none")])
+def test_an_optimizer_state_loads_with_or_without_host_moments(first, then):
+    from steps.moe.model import MoETransformer
+    from steps.train.config import OptimizerConfig
+    from steps.train.loop import build_optimizer
+
+    tokens = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(1))
+
+    def train(model, opt, steps):
+        for _ in range(steps):
+            logits, router_loss = model(tokens[:, :-1])
+            (torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()) + router_loss).backward()
+            opt.step()
+            opt.zero_grad()
+
+    a, b = MoETransformer(FOUR), MoETransformer(FOUR)
+    a.init_weights(2)
+    opt_a = build_optimizer(a, OptimizerConfig(lr=1e-2), torch.device("cpu"), first)
+    train(a, opt_a, 2)
+    b.load_state_dict(a.state_dict())
+    opt_b = build_optimizer(b, OptimizerConfig(lr=1e-2), torch.device("cpu"), then)
+    opt_b.load_state_dict(opt_a.state_dict())
+    train(a, opt_a, 2)
+    train(b, opt_b, 2)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
