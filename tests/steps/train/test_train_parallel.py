@@ -225,7 +225,7 @@ def _train_steps(pc, steps=4, weights=None):
             clip_grad_norm(model.parameters(), 1.0, parallel.norm_group)
             optimizer.step()
             optimizer.zero_grad()
-            losses.append(float(loss))
+            losses.append(loss.item())
         if weights is not None:
             weights.update({n: p.detach().clone() for n, p in model.named_parameters()})
             weights.update({f"{n}.{k}": optimizer.state[p][k].clone() for n, p in model.named_parameters()
