@@ -25,14 +25,16 @@ process group of the full world size as well):
   the experts it shares (no padding rows);
 - gradients summed, not averaged, by FSDP (divide factor 1): the trainer divides the loss by the
   number of data-parallel ranks instead, which is right for dense and expert weights alike (an
-  expert's gradient already sums the tokens every rank of its ep group sent it).
+  expert's gradient already sums the tokens every rank of its ep group sent it);
+- with `offload="all"`, FSDP2's CPUOffloadPolicy (`offload="moments"` is the optimizer's
+  business: steps/train/offload.py).
 
 Components (`build_parallel`):
 - `Single`: one process, no torch.distributed (fp32).
 - `DDP`: fp32 with no sharding at all (dp_shard 1, ep 1): torch DistributedDataParallel, buffers
   not broadcast, gradient sync on the last micro-batch only (every rank holds whole gradients
   anyway); bitwise equal to one worker running the same micro-batches.
-- `FSDP`: everything else, and bf16 always: FSDP2 / HSDP with expert parallelism. Every
+- `FSDP`: everything else (bf16 always, and offload="all"): FSDP2 / HSDP with expert parallelism. Every
   micro-batch reduce-scatters its gradients (only sharded gradients are ever accumulated); with
   HSDP, the all-reduce across replicas waits for the last micro-batch.
 
