@@ -30,7 +30,8 @@ from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
 from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer  # noqa: E402
-from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
+from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig,  # noqa: E402
+                                TrainConfig, TrainerConfig)
 from steps.train.pretrain import pretrain  # noqa: E402
 
 
@@ -63,7 +64,8 @@ def main() -> None:
                                             token_budget=args.steps * args.batch * args.seq_len, block_size=256), work)[0].output
     cfg = TrainConfig(data=DataConfig(mixture=mix, batch_size=args.batch), model=ModelSpec("tiny"),
                       optimizer=OptimizerConfig(lr=1e-2, warmup_steps=20),
-                      trainer=TrainerConfig(log_every=10, checkpoint_every=50, tracker=TrackerConfig(kind="none")))
+                      trainer=TrainerConfig(log_every=10, checkpoint_every=50, tracker=TrackerConfig(kind="none"),
+                                            parallel=ParallelConfig(dp_replicate=-1, dp_shard=1)))  # DDP
 
     import ray
 

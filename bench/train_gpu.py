@@ -1,16 +1,23 @@
 """MFU of training the `small` preset (917.8M total, 389.3M active parameters) on one GPU
-(written for an H200), and our MoE layer beside torchtitan's at the same shape.
+(written for an H200), under each activation-checkpointing mode, and our MoE layer beside
+torchtitan's at the same shape.
 
-    .venv/bin/python bench/train_gpu.py                       # the whole thing
-    .venv/bin/python bench/train_gpu.py --batch 4 --steps 10  # less memory / time
+    python bench/train_gpu.py                                  # the whole thing (bench/gpu_all.sh)
+    python bench/train_gpu.py --checkpointing selective --batch 4 --steps 10  # less
+    python bench/train_gpu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --warmup 1 \
+        --layer-tokens 256 --repeats 2                         # the script itself, on the CPU
     pip install torchtitan  # first, for the side-by-side (skipped with a reason if absent)
 
-1. Training: the trainer's own pieces (steps/train: the model, bf16 through FSDP2's
-   mixed-precision policy on a one-rank group, fused AdamW, z-loss, the expert-bias update after
-   each step) on random tokens of the preset's vocabulary (no data pipeline: this measures the
-   model and optimizer), `--batch` sequences of `--seq` tokens per step. MFU = model FLOPs per
-   token (steps/train/tracking.py: 6 x active matmul parameters + attention) x tokens/s over
-   the GPU's dense bf16 peak (989.4 TFLOP/s for H100/H200).
+1. Training: the trainer's own pieces (steps/train: the model built on meta and initialized by
+   name, sharded by a one-rank FSDP2 component with its bf16 mixed-precision policy, the
+   grouped-GEMM expert path and the fused Triton router on CUDA, fused AdamW, z-loss, gradient
+   clipping, the expert-bias update after each step) on random tokens of the preset's vocabulary
+   (no data pipeline: this measures the model and optimizer), `--batch` sequences of `--seq`
+   tokens per step, once per `--checkpointing` mode (none, selective, full:
+   steps/train/recompute.py). MFU = model FLOPs per token (steps/moe/config.py
+   flops_per_token: 6 x active matmul parameters + attention; recomputation is not counted) x
+   tokens/s over the GPU's dense bf16 peak (989.4 TFLOP/s for H100/H200). Target (issue 12): 35%
+   with selective checkpointing.
 2. One MoE layer, forward + backward, bf16 parameters: ours (steps/moe/model.py MoE) and
    torchtitan's (torchtitan.models.moe.MoE) at dim 1024, 64 experts of width 256, top 8, one
    shared expert of width 256, sigmoid scores, 32,768 tokens.
@@ -34,9 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from steps.moe.balance import update_expert_bias  # noqa: E402
 from steps.moe.model import PRESETS, MoE, count_params  # noqa: E402
-from steps.train.config import OptimizerConfig  # noqa: E402
+from steps.train.config import OptimizerConfig, ParallelConfig  # noqa: E402
 from steps.train.loop import build_model, build_optimizer  # noqa: E402
-from steps.train.parallel import build_parallel, unwrap  # noqa: E402
+from steps.train.parallel import build_parallel, clip_grad_norm, unwrap  # noqa: E402
 from steps.train.tracking import flops_per_token, peak_flops  # noqa: E402
 
 
@@ -45,10 +52,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device: torch.device) -> dict:
+def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device: torch.device,
+              checkpointing: str = "selective") -> dict:
     cfg = dataclasses.replace(PRESETS[preset], max_seq_len=seq)
-    model = build_model(cfg, seed=0, device=device)
-    model = build_parallel("fsdp", device, "bf16").wrap(model)
+    parallel = build_parallel(ParallelConfig(checkpointing=checkpointing), device, "bf16")
+    model = build_model(cfg, 0, device, parallel)
     optimizer = build_optimizer(unwrap(model), OptimizerConfig(lr=3e-4), device)
     layers = unwrap(model).moe_layers()
     gen = torch.Generator(device=device).manual_seed(0)
@@ -57,8 +65,8 @@ def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device
         seq_ids = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device, generator=gen)
         logits, router_loss = model(seq_ids[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), seq_ids[:, 1:].flatten()) + router_loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (loss / parallel.loss_divisor).backward()
+        clip_grad_norm(model.parameters(), 1.0, parallel.norm_group)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         update_expert_bias(layers, cfg.bias_update_rate)
@@ -79,7 +87,8 @@ def train_mfu(preset: str, batch: int, seq: int, steps: int, warmup: int, device
     total, active = count_params(cfg)
     peak = peak_flops(str(device), torch.get_num_threads())
     cuda = device.type == "cuda"
-    return {"preset": preset, "params_total": total, "params_active": active, "batch": batch, "seq": seq,
+    return {"preset": preset, "checkpointing": checkpointing, "params_total": total, "params_active": active,
+            "batch": batch, "seq": seq,
             "step_s": seconds, "tokens_per_s": tokens_per_s, "model_tflops_per_token": flops / 1e12,
             "achieved_tflops": tokens_per_s * flops / 1e12, "peak_tflops": peak / 1e12,
             "mfu": tokens_per_s * flops / peak, "loss": float(loss),
@@ -154,6 +163,7 @@ def main() -> None:
     p.add_argument("--layer-tokens", type=int, default=32768)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--checkpointing", default="none,selective,full", help="modes to train under, comma-separated")
     p.add_argument("--device", default="cuda", help="cpu only to check the script itself (with --preset tiny)")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -161,11 +171,16 @@ def main() -> None:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     results = {}
     if not args.skip_train:
-        results["train"] = train_mfu(args.preset, args.batch, args.seq, args.steps, args.warmup, device)
-        r = results["train"]
-        print(f"train {r['preset']} ({r['params_total'] / 1e9:.2f}B total, {r['params_active'] / 1e9:.2f}B active) on "
-              f"{r['gpu']}: {r['tokens_per_s']:,.0f} tokens/s, {r['achieved_tflops']:.0f} TFLOP/s, MFU "
-              f"{100 * r['mfu']:.1f}%, {r['peak_memory_gib']:.1f} GiB peak")
+        results["train"] = []
+        for mode in args.checkpointing.split(","):
+            r = train_mfu(args.preset, args.batch, args.seq, args.steps, args.warmup, device, mode)
+            results["train"].append(r)
+            print(f"train {r['preset']} ({r['params_total'] / 1e9:.2f}B total, {r['params_active'] / 1e9:.2f}B active) "
+                  f"on {r['gpu']}, checkpointing {mode}: {r['tokens_per_s']:,.0f} tokens/s, "
+                  f"{r['achieved_tflops']:.0f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, {r['peak_memory_gib']:.1f} GiB peak",
+                  flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if dist.is_initialized():
             dist.destroy_process_group()
     results["moe_layer"] = layer = moe_layers(args.layer_tokens, args.repeats, device)

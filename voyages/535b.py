@@ -1,12 +1,21 @@
 """The 535B-A23B voyage: the whole plan of the real run, and the same DAG at laptop scale.
 
-    marin-run voyages/535b.py --dry-run            # the full-scale plan and its budget
+    marin-run voyages/535b.py --dry-run            # the full-scale plan, its budget and its mesh
+    marin-run voyages/535b.py --dry-run --ep 32    # the same with another mesh (see --help)
     marin-run voyages/535b.py --laptop             # the same DAG, tiny, end to end on 2 cores
 
 Full scale (public figures, DESIGN.md): declared public sources -> ingest -> dedup -> tokenize
 (the 128,256-token Llama 3 vocabulary, pinned into the prefix) -> mixture (15T tokens of
 pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23B, batch
-11,264 x 4096, 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval.
+11,264 x 4096, on 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval.
+
+The training step's mesh, micro-batch and checkpointing come from the plan (steps/scale,
+docs/training.md "The plan at full scale"): every mesh that divides the batch, the experts and
+the racks is estimated, the fastest that fits is built on `meta` with the trainer's own
+sharding in a fake process group of its full size and its blocks traced, and a voyage whose
+step does not divide or fit stops here (exit 2, one line). On 792 GPUs the plan picks one
+64-GPU expert-parallel mesh a rack, data parallel across the 11 racks: 704 GPUs train, 8 a rack
+spare, as Marin's own run does. Any field can be fixed by a flag (`--ep 32 --microbatch 1`).
 
 Laptop (`--laptop`): the same steps and edges over the bundled corpus (data/corpus: the King James
 Bible and the Python 3.11 documentation), a byte-level BPE trained on it instead of the pinned
@@ -21,14 +30,17 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor import Resources, RetryPolicy, Step, output_of
+from executor import Resources, RetryPolicy, Step, VoyageError, output_of
 from steps.data.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
-from steps.moe.config import PRESETS, MoEConfig, param_counts
-from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrainConfig, TrainerConfig
+from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
+from steps.scale.hardware import GB200_NVL72
+from steps.scale.plan import ANCHOR, Setup
+from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
+                                TrainerConfig)
 from steps.train.eval import EvalConfig, evaluate
 from steps.train.pretrain import midtrain, pretrain
 
@@ -76,7 +88,6 @@ class Scale:
     batch_size: int  # sequences per optimizer step
     pretrain_tokens: float
     midtrain_tokens: float
-    train_workers: int
     train_resources: Resources
     data_resources: Resources
     eval_resources: Resources
@@ -91,8 +102,9 @@ class Scale:
 
 FULL = Scale(
     sources=FULL_SOURCES, preset="535b-a23b", seq_len=4096, batch_size=11_264,
-    pretrain_tokens=15e12, midtrain_tokens=3.75e12, train_workers=792,
-    train_resources=Resources(cpus=16, gpus=1, accelerator="GB200", memory_gb=400, workers=792),
+    pretrain_tokens=15e12, midtrain_tokens=3.75e12,
+    # a worker a GPU (a compute tray: 4 GPUs, 2 Grace CPUs of 72 cores and 480 GB); workers: the plan's ranks
+    train_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=792),
     data_resources=Resources(cpus=8, memory_gb=32), eval_resources=Resources(cpus=16, gpus=4, accelerator="GB200"),
     tokenizer_vocab=128_256,
     optimizer=OptimizerConfig(lr=2.2e-4, warmup_steps=2000, min_lr_ratio=0.1, weight_decay=0.1),
@@ -105,7 +117,7 @@ FULL = Scale(
 LAPTOP = Scale(
     sources=LAPTOP_SOURCES, preset="tiny", seq_len=65, batch_size=32,
     pretrain_tokens=320 * 32 * 65, midtrain_tokens=80 * 32 * 65,
-    train_workers=1, train_resources=Resources(cpus=1),
+    train_resources=Resources(cpus=1),
     data_resources=Resources(cpus=1), eval_resources=Resources(cpus=1), tokenizer_vocab=512,
     optimizer=OptimizerConfig(lr=1e-2, warmup_steps=30, min_lr_ratio=0.1),
     checkpoint_every=100,
@@ -114,13 +126,19 @@ LAPTOP = Scale(
 
 @dataclass(frozen=True)
 class VoyageConfig:
-    """Knobs of the 535B voyage (`marin-run voyages/535b.py --help`)."""
+    """Knobs of the 535B voyage (`marin-run voyages/535b.py --help`). The mesh fields at 0 (and
+    checkpointing "auto") are the plan's choice for the GPUs given."""
 
     laptop: bool = False  # the same DAG at laptop scale: bundled corpus, tiny model, local resources
     seed: int = 0
-    mfu: float = 0.175  # model FLOPs utilization assumed by the budget
-    gpu_peak_tflops: float = 2500.0  # dense bf16 peak of one GB200 GPU, for the budget
-    gpus: int = 792  # 11 NVL72 racks
+    gpus: int = 792  # GPUs of the cluster: whole GB200 NVL72 racks of 72 (11 racks)
+    mfu: float = ANCHOR["mfu"]  # MFU assumed while computing (Marin measured 0.229 on this model and cluster)
+    gpu_peak_tflops: float = 2500.0  # dense bf16 peak of one GB200 GPU
+    dp_replicate: int = 0  # data-parallel replicas (HSDP across racks); 0: the plan's choice
+    dp_shard: int = 0  # FSDP ranks of one replica, inside a rack; 0: the plan's choice
+    ep: int = 0  # expert-parallel ranks (inside dp_shard); 0: the plan's choice
+    microbatch: int = 0  # sequences a GPU runs at once; 0: the plan's choice
+    checkpointing: str = "auto"  # "none", "selective", "full", or "auto" (the plan's choice)
 
 
 def scale_of(config: VoyageConfig) -> Scale:
@@ -166,26 +184,60 @@ def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens:
         seq_len=scale.seq_len, stages=stages, seed=config.seed, block_size=256 if config.laptop else 2048))
 
 
+def setup_of(config: VoyageConfig) -> Setup:
+    """What the plan of the full-scale training step is for: the model, the batch, the cluster."""
+    scale = FULL
+    return Setup(model=dataclasses.replace(scale.model, vocab_size=scale.tokenizer_vocab), batch=scale.batch_size,
+                 context=scale.seq_len - 1, gpus=config.gpus, mfu=config.mfu,
+                 hardware=dataclasses.replace(GB200_NVL72, peak_tflops=config.gpu_peak_tflops))
+
+
+def plan_of(config: VoyageConfig):  # -> (steps.scale.measure.Measured, alternatives); imports torch
+    """The measured plan of the full-scale step (cached), or the VoyageError that stops the voyage."""
+    from steps.scale.measure import plan_for
+
+    if not 0 < config.mfu <= 1:
+        raise VoyageError(f"mfu must lie in (0, 1], got {config.mfu}")
+    return plan_for(setup_of(config), config.dp_replicate, config.dp_shard, config.ep, config.microbatch,
+                    config.checkpointing)
+
+
+def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resources]:
+    """The trainer's run mechanics and a worker's resources: at full scale, the plan's mesh."""
+    common = dict(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
+                  permanent_every=0 if config.laptop else 10_000)
+    if config.laptop:
+        return TrainerConfig(**common), scale.train_resources
+    choice = plan_of(config)[0].plan.choice
+    m = choice.mesh
+    parallel = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep,
+                              checkpointing=choice.checkpointing)
+    trainer = TrainerConfig(workers=m.ranks, microbatch=choice.microbatch, parallel=parallel, **common)
+    return trainer, dataclasses.replace(scale.train_resources, workers=m.ranks)
+
+
 def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
     """pretrain over the first stage, midtrain from its checkpoint over the second, then eval."""
     scale = scale_of(config)
+    trainer, resources = trainer_of(config, scale)
     train = TrainConfig(
         data=DataConfig(mixture=output_of(mix), batch_size=scale.batch_size),
         model=ModelSpec(scale.preset, vocab_size=scale.tokenizer_vocab),
         optimizer=scale.optimizer,
-        trainer=TrainerConfig(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
-                              permanent_every=0 if config.laptop else 10_000))
+        trainer=trainer)
     name = "laptop" if config.laptop else "535b-a23b"
-    pre = Step(f"pretrain/{name}", pretrain, train, resources=scale.train_resources,
+    pre = Step(f"pretrain/{name}", pretrain, train, resources=resources,
                retry=RetryPolicy(max_node_failures=10))
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
-               resources=scale.train_resources, retry=RetryPolicy(max_node_failures=10))
+               resources=resources, retry=RetryPolicy(max_node_failures=10))
     ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid)), resources=scale.eval_resources)
     return [pre, mid, ev]
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
-    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval."""
+    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval. At full
+    scale the training step's mesh is planned first: a plan that does not divide or fit stops
+    the voyage here (VoyageError: exit 2)."""
     scale = scale_of(config)
     _tok, tokenized = data_steps(config)
     mix = mixture_step(config, tokenized, scale.pretrain_tokens + scale.midtrain_tokens)
@@ -197,7 +249,8 @@ def voyage(config: VoyageConfig) -> list[Step]:
 
 
 def summary(config: VoyageConfig) -> str:
-    """Parameters, tokens, optimizer steps, FLOPs (with the formula), GPU-hours and days."""
+    """The budget (parameters, tokens, steps, FLOPs by the trainer's own formula, GPU-hours and
+    days at the plan's step time) and the plan of the training step."""
     scale = scale_of(config)
     m = scale.model
     total, active = param_counts(m)
@@ -205,25 +258,39 @@ def summary(config: VoyageConfig) -> str:
     if config.laptop:
         return (f"laptop rehearsal of the 535B voyage: the `{scale.preset}` preset, {total:,} parameters "
                 f"({active:,} active), {tokens:,.0f} tokens in {tokens / (scale.batch_size * scale.seq_len):,.0f} steps")
+    from steps.scale.table import describe_anchor, format_plan
+
+    measured, alternatives = plan_of(config)
+    plan = measured.plan
     steps = tokens / (scale.batch_size * scale.seq_len)
-    # Attention scores and values: 2 matmuls x 2 FLOPs x 3 (fwd + bwd) per (query, key, head dim),
-    # over the keys a query sees: half the sequence on a causal global layer, the window elsewhere.
-    n_global = sum(m.is_global(i) for i in range(m.n_layers))
-    keys = n_global * scale.seq_len / 2 + (m.n_layers - n_global) * min(m.sliding_window, scale.seq_len)
-    attn_per_token = 12 * m.n_heads * m.head_dim * keys
-    flops = (6 * active + attn_per_token) * tokens
-    gpu_seconds = flops / (config.gpu_peak_tflops * 1e12 * config.mfu)
+    context = scale.seq_len - 1
+    trained = steps * scale.batch_size * context  # each sequence of seq_len tokens gives seq_len - 1 targets
+    fpt = flops_per_token(m, context)
+    flops = fpt * trained
+    matmul = active - m.vocab_size * m.dim
+    step_s = plan.time.total
+    at_mfu = flops / (plan.ranks * plan.setup.hardware.peak_flops * config.mfu)
+    r = measured.reading
     lines = [
         f"budget of the 535B-A23B voyage ({m.n_layers} layers, {m.n_experts} experts top-{m.top_k}, d={m.dim}):",
         f"  parameters  {total / 1e9:,.1f}B total, {active / 1e9:,.2f}B active per token",
         f"  tokens      {tokens / 1e12:,.2f}T = {scale.pretrain_tokens / 1e12:g}T pretrain + "
         f"{scale.midtrain_tokens / 1e12:g}T midtrain (switch at {scale.pretrain_tokens / tokens:.0%})",
-        f"  batch       {scale.batch_size:,} x {scale.seq_len:,} = {scale.batch_size * scale.seq_len / 1e6:,.1f}M tokens; "
-        f"{steps:,.0f} optimizer steps",
-        "  FLOPs       (6 x N_active + 12 x heads x head_dim x keys_per_query) x tokens",
-        f"              = (6 x {active / 1e9:.2f}e9 + 12 x {m.n_heads} x {m.head_dim} x {keys:,.0f}) x {tokens:.3g}"
-        f" = {flops:.2e}",
-        f"  compute     {gpu_seconds / 3600:,.0f} GPU-hours at {config.mfu:.1%} MFU of {config.gpu_peak_tflops:g} TFLOP/s "
-        f"= {gpu_seconds / config.gpus / 86400:,.0f} days on {config.gpus} GB200",
+        f"  batch       {scale.batch_size:,} x {scale.seq_len:,} = {scale.batch_size * scale.seq_len / 1e6:,.1f}M tokens "
+        f"({context:,} targets a sequence); {steps:,.0f} optimizer steps",
+        "  FLOPs       flops_per_token (steps.moe.config, the trainer's MFU formula): 6 x N_active matmul + "
+        "12 x heads x head_dim x keys_per_query, per layer",
+        f"              = 6 x {matmul / 1e9:.2f}e9 + {fpt - 6 * matmul:.3g} = {fpt / 1e9:.2f} GFLOP a token, "
+        f"x {trained:.4g} tokens = {flops:.2e}",
+        f"  time        {steps:,.0f} steps x {step_s:.2f} s (the plan below) = {steps * step_s / 86400:,.0f} days on "
+        f"{plan.ranks} GB200 that train = {steps * step_s * plan.ranks / 3600:,.0f} GPU-hours "
+        f"(compute alone at {config.mfu:.1%} MFU: {at_mfu / 86400:,.0f} days)",
+        "",
+        format_plan(plan, list(alternatives), formula=measured.formula,
+                    measured_note=(f"measured: the {m.n_layers}-layer model built on meta and sharded by "
+                                   f"steps.train.parallel in a fake process group of {r.world} ranks "
+                                   f"({r.seconds:.1f} s); one global and one windowed block and the head traced "
+                                   f"under FakeTensorMode at the micro-batch ({measured.trace_seconds:.1f} s)")),
+        "  " + describe_anchor(),
     ]
     return "\n".join(lines)

@@ -79,3 +79,26 @@ def param_counts(cfg: MoEConfig) -> tuple[int, int]:
     total = cfg.n_layers * (per_layer + cfg.n_experts * expert) + embeddings + d
     active = cfg.n_layers * (per_layer + cfg.top_k * expert) + embeddings + d
     return total, active
+
+
+def mean_keys(context: int, window: int) -> float:
+    """Keys a query attends to, averaged over the positions of a causal sequence of `context`
+    tokens, when each query sees at most `window` keys (itself included): the mean over
+    i = 0..C-1 of min(i + 1, W), in closed form."""
+    if context <= 0:
+        return 0.0
+    w = min(window, context) if window > 0 else context
+    return (w * (w + 1) / 2 + (context - w) * w) / context
+
+
+def flops_per_token(cfg: MoEConfig, context: int) -> float:
+    """Training FLOPs per target token (forward + backward), the one formula behind the trainer's
+    MFU and the voyage's budget: 6 x the active matmul parameters (the input embedding is a
+    lookup, not a matmul; the output head counts) plus attention scores and values,
+    12 x heads x head_dim x the mean number of keys a query sees, summed over layers. Recomputed
+    activations are not model FLOPs and are not counted."""
+    _, active = param_counts(cfg)
+    matmul = active - cfg.vocab_size * cfg.dim
+    attn = sum(12 * cfg.n_heads * cfg.head_dim * mean_keys(context, 0 if cfg.is_global(i) else cfg.sliding_window)
+               for i in range(cfg.n_layers))
+    return 6.0 * matmul + attn

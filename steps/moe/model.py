@@ -14,19 +14,50 @@ Design choices (the reasons are in docs/moe.md):
 - Router losses: z-loss on the log-sum-exp of the logits, an optional auxiliary balance loss;
   balance comes mainly from the expert bias, updated once per optimizer step (balance.py).
 - Untied input and output embeddings.
+- The routed experts run through a pluggable path (`MoE.experts`): `LocalExperts` here, every
+  expert on this rank; `steps.moe.expert_parallel.AllToAllExperts` when the experts are spread
+  over an expert-parallel group. A block may recompute its forward in the backward
+  (`Block.recompute`, set by steps/train/recompute.py); loads are counted only in the first pass.
+- Initialization by parameter name and seed (steps/moe/init.py): the same weights on any mesh,
+  drawn shard by shard.
 
 Shape legend: B batch, S sequence, D model width, H query heads, G key/value heads, A head width,
 R = A/2 rotary frequencies, V vocabulary, T = B*S tokens, E routed experts, K experts per token,
 N = T*K token-expert slots, P rows of the expert-sorted buffer (N plus each expert's padding),
 F routed expert width.
 """
+import contextlib
+import threading
+from typing import Callable, Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from steps.moe.balance import aux_balance_loss, z_loss
 from steps.moe.config import PRESETS, MoEConfig  # noqa: F401  (re-exported)
+from steps.moe.init import init_by_name
 from steps.moe.router import route
+
+
+class _Marks(threading.local):
+    output_projection = False
+
+
+MARKS = _Marks()
+
+
+@contextlib.contextmanager
+def output_projection() -> Iterator[None]:
+    """Marks the matmuls whose outputs only feed a sum (attention's wo, the experts' and the
+    shared experts' w2): no backward reads them, so selective activation checkpointing
+    (steps/train/recompute.py) recomputes them rather than keeping them."""
+    MARKS.output_projection = True
+    try:
+        yield
+    finally:
+        MARKS.output_projection = False
 
 
 class RMSNorm(nn.Module):
@@ -80,7 +111,8 @@ class Attention(nn.Module):
         else:
             o_BHSA = F.scaled_dot_product_attention(q_BHSA, k_BGSA, v_BGSA, is_causal=True,
                                                     enable_gqa=True)
-        return self.wo(o_BHSA.transpose(1, 2).reshape(B, S, -1))
+        with output_projection():
+            return self.wo(o_BHSA.transpose(1, 2).reshape(B, S, -1))
 
 
 class FeedForward(nn.Module):
@@ -93,7 +125,9 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x_TD: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x_TD)) * self.w3(x_TD))
+        h_TF = F.silu(self.w1(x_TD)) * self.w3(x_TD)
+        with output_projection():
+            return self.w2(h_TF)
 
 
 def expert_layout(idx_TK: Tensor, counts_E: Tensor, align: int) -> tuple[Tensor, Tensor, int]:
@@ -119,18 +153,17 @@ class _Dispatch(torch.autograd.Function):
     reproducible."""
 
     @staticmethod
-    def forward(ctx, x_TD: Tensor, row_N: Tensor, n_rows: int) -> Tensor:
+    def forward(ctx, x_TD: Tensor, row_TK: Tensor, n_rows: int) -> Tensor:
         T, D = x_TD.shape
-        ctx.save_for_backward(row_N)
-        ctx.n_tokens = T
+        ctx.save_for_backward(row_TK)
         x_PD = x_TD.new_zeros(n_rows, D)
-        x_PD.index_put_((row_N.view(T, -1),), x_TD.unsqueeze(1).expand(T, row_N.numel() // T, D))
+        x_PD.index_put_((row_TK,), x_TD.unsqueeze(1).expand(T, row_TK.shape[1], D))
         return x_PD
 
     @staticmethod
     def backward(ctx, dx_PD: Tensor):
-        (row_N,) = ctx.saved_tensors
-        return dx_PD[row_N].view(ctx.n_tokens, -1, dx_PD.shape[-1]).sum(1), None, None
+        (row_TK,) = ctx.saved_tensors
+        return dx_PD[row_TK].sum(1), None, None
 
 
 class _RouterLogits(torch.autograd.Function):
@@ -151,6 +184,45 @@ class _RouterLogits(torch.autograd.Function):
         return dx_TD, dw_ED
 
 
+def local_weight(w: Tensor) -> Tensor:
+    """This rank's rows of an expert weight: the local shard of a DTensor (expert parallelism),
+    else the tensor itself. Token counts per rank are dynamic, so the grouped GEMM runs on plain
+    local tensors."""
+    return w.to_local() if hasattr(w, "to_local") else w
+
+
+def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, offs_E: Tensor) -> Tensor:
+    """SwiGLU of each expert's group of rows of the expert-sorted buffer: three grouped GEMMs."""
+    # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
+    h_PF = F.silu(torch._grouped_mm(x_PD, w1_EFD.transpose(-2, -1), offs=offs_E))
+    h_PF = h_PF * torch._grouped_mm(x_PD, w3_EFD.transpose(-2, -1), offs=offs_E)
+    with output_projection():
+        return torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
+
+
+class LocalExperts:
+    """Every routed expert on this rank: tokens copied into the expert-sorted, padded buffer,
+    three grouped GEMMs, gathered back and weighted by the router. `beside` (the shared experts)
+    is computed after and added: routed + shared, in that order on every path."""
+
+    def __call__(self, moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
+                 beside: Callable[[], Tensor] | None = None) -> Tensor:
+        T, K = idx_TK.shape
+        row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, moe.cfg.expert_align)
+        x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows)
+        y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
+                          offs_E)
+        y_TKD = y_PD[row_N].view(T, K, -1)
+        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        return out_TD if beside is None else out_TD + beside()
+
+
+def _recomputing() -> bool:
+    """True inside the backward pass, where an activation-checkpointed block runs its forward
+    again: side effects of the first pass (expert loads) must not happen twice."""
+    return torch._C._current_graph_task_id() != -1
+
+
 class MoE(nn.Module):
     """Routed experts (3-D weights, grouped matmul) plus shared experts."""
 
@@ -167,6 +239,7 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias_E", torch.zeros(E))
         # Tokens sent to each expert since the last bias update; summed over micro-batches.
         self.register_buffer("expert_load_E", torch.zeros(E), persistent=False)
+        self.experts: Callable[..., Tensor] = LocalExperts()  # AllToAllExperts under expert parallelism
 
     def forward(self, x_BSD: Tensor) -> tuple[Tensor, Tensor]:
         cfg = self.cfg
@@ -174,27 +247,16 @@ class MoE(nn.Module):
         logits_TE = _RouterLogits.apply(x_TD, self.router.weight)
         r = route(logits_TE, self.expert_bias_E, cfg.top_k, cfg.score_func, cfg.renormalize,
                   cfg.route_scale, cfg.router_impl)
-        if self.training:
+        if self.training and not _recomputing():
             with torch.no_grad():
                 self.expert_load_E += r.counts_E
-        out_TD = self._routed(x_TD, r.weights_TK, r.indices_TK, r.counts_E)
-        if self.shared is not None:
-            out_TD = out_TD + self.shared(x_TD)
+        shared = (lambda: self.shared(x_TD)) if self.shared is not None else None
+        out_TD = self.experts(self, x_TD, r.weights_TK, r.indices_TK, r.counts_E, beside=shared)
         loss = cfg.z_loss_coef * z_loss(r.lse_T)
         if cfg.aux_loss_coef:
             loss = loss + cfg.aux_loss_coef * aux_balance_loss(r.counts_E, r.score_sums_E, cfg.top_k)
         return out_TD.view_as(x_BSD), loss
 
-    def _routed(self, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor) -> Tensor:
-        T, K = idx_TK.shape
-        row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, self.cfg.expert_align)
-        x_PD = _Dispatch.apply(x_TD, row_N, n_rows)
-        # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
-        h_PF = F.silu(torch._grouped_mm(x_PD, self.w1_EFD.transpose(-2, -1), offs=offs_E))
-        h_PF = h_PF * torch._grouped_mm(x_PD, self.w3_EFD.transpose(-2, -1), offs=offs_E)
-        y_PD = torch._grouped_mm(h_PF, self.w2_EDF.transpose(-2, -1), offs=offs_E)
-        y_TKD = y_PD[row_N].view(T, K, -1)
-        return (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
 
 
 class Block(nn.Module):
@@ -204,8 +266,16 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.moe_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.moe = MoE(cfg)
+        # None: keep activations; else the context_fn of a non-reentrant torch.utils.checkpoint
+        # that recomputes this block in the backward (steps/train/recompute.py).
+        self.recompute: Callable | None = None
 
     def forward(self, x_BSD: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> tuple[Tensor, Tensor]:
+        if self.recompute is None:
+            return self._forward(x_BSD, cos_SR, sin_SR)
+        return checkpoint(self._forward, x_BSD, cos_SR, sin_SR, use_reentrant=False, context_fn=self.recompute)
+
+    def _forward(self, x_BSD: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> tuple[Tensor, Tensor]:
         x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), cos_SR, sin_SR)
         h_BSD, router_loss = self.moe(self.moe_norm(x_BSD))
         return x_BSD + h_BSD, router_loss
@@ -220,17 +290,20 @@ class MoETransformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
+    def init_std(self, fqn: str, shape: tuple[int, ...]) -> float | None:
+        """The initial standard deviation of a parameter, by name: init_std, output projections
+        scaled by 1/sqrt(2L); None (ones) for norm gains."""
+        if len(shape) == 1:
+            return None
+        if fqn.endswith(("wo.weight", "w2.weight", "w2_EDF")):
+            return self.cfg.init_std / (2 * self.cfg.n_layers) ** 0.5
+        return self.cfg.init_std
+
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """Normal(0, init_std) everywhere, with output projections scaled by 1/sqrt(2L); norms at
-        one, expert biases at zero."""
-        std, out_std = self.cfg.init_std, self.cfg.init_std / (2 * self.cfg.n_layers) ** 0.5
-        for name, p in self.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                is_out = name.endswith(("wo.weight", "w2.weight", "w2_EDF"))
-                p.normal_(0.0, out_std if is_out else std, generator=generator)
+    def init_weights(self, seed: int = 0) -> None:
+        """Every parameter drawn by name and seed (steps/moe/init.py), shard by shard when the
+        model is sharded: the same values on any mesh. Expert biases and loads at zero."""
+        init_by_name(self, seed, self.init_std)
         for block in self.blocks:
             block.moe.expert_bias_E.zero_()
             block.moe.expert_load_E.zero_()

@@ -7,7 +7,8 @@ learning-rate schedule. Torch-free: a voyage builds these without importing torc
                 trainer=TrainerConfig(checkpoint_every=100))
 
 Everything in `trainer` but the seed is run-only (left out of the step's digest): worker counts,
-micro-batches, checkpoint cadence, logging and W&B change how a run goes, not what it computes.
+the mesh (`trainer.parallel`), micro-batches, checkpoint cadence, logging and W&B change how a run
+goes, not what it computes (docs/design.md, "The mesh is run-only").
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 
 from executor import InputPath, VoyageError, run_only
 
-PARALLEL = ("ddp", "fsdp")
+CHECKPOINTING = ("none", "selective", "full")
+OFFLOAD = ("none", "moments", "all")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 TRACKERS = ("wandb", "none")
@@ -154,13 +156,111 @@ class TrackerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How the workers of a training step are arranged: a data-parallel mesh of `dp_replicate`
+    replicas x `dp_shard` shards (FSDP2 inside a replica group, HSDP when both exceed one), with
+    the routed experts spread over `ep` of the `dp_shard` ranks (expert parallelism borrows its
+    ranks from dp_shard: each expert shard is FSDP-sharded again over dp_shard / ep ranks), and
+    activation checkpointing per block.
+
+    One of `dp_replicate` and `dp_shard` may be -1: all the workers the other leaves. The default
+    is FSDP over every worker; `ParallelConfig(dp_replicate=-1, dp_shard=1)` is plain data
+    parallelism (DDP in fp32). The 535B anchor: `ParallelConfig(dp_replicate=11, dp_shard=64,
+    ep=64, checkpointing="selective")` on 704 workers, one 64-GPU expert mesh per rack.
+
+    `offload="moments"` (the anchor's choice at 535B) keeps the two AdamW moments of each rank's
+    shards in pinned host memory and streams them through the device one parameter at a time for
+    the update (steps/train/offload.py); weights and gradients stay on the device.
+    `offload="all"` keeps the fp32 weight shards, their gradients and the AdamW state on the host
+    (FSDP2's CPUOffloadPolicy): weights are copied to the device for each all-gather, gradients
+    back after each reduce-scatter, and the optimizer step runs on the CPU. Neither is measured
+    on a GPU yet; on the CPU "moments" is bitwise plain AdamW.
+
+    Torch-free; `resolve` and `validate` check a mesh against a world size, a model and a batch
+    (steps.train.parallel builds it). Run-only as a whole (docs/design.md)."""
+
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    ep: int = 1
+    checkpointing: str = "none"  # "none", "selective" (save matmul and all-to-all outputs), "full"
+    offload: str = "none"  # "moments": AdamW moments in host memory; "all": weights, gradients too
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard"):
+            value = getattr(self, name)
+            if value == 0 or value < -1:
+                raise VoyageError(f"trainer.parallel.{name} must be >= 1 or -1 (the rest), got {value}")
+        if self.dp_replicate == -1 and self.dp_shard == -1:
+            raise VoyageError("trainer.parallel: only one of dp_replicate and dp_shard may be -1 (the rest)")
+        if self.ep < 1:
+            raise VoyageError(f"trainer.parallel.ep must be >= 1, got {self.ep}")
+        if self.checkpointing not in CHECKPOINTING:
+            raise VoyageError(f"trainer.parallel.checkpointing must be one of {CHECKPOINTING}, "
+                              f"got {self.checkpointing!r}")
+        if self.offload not in OFFLOAD:
+            raise VoyageError(f"trainer.parallel.offload must be one of {OFFLOAD}, got {self.offload!r}")
+
+    def resolve(self, world_size: int) -> "ParallelConfig":
+        """The same mesh with -1 replaced by what `world_size` workers leave; a VoyageError when
+        the degrees do not multiply to the world size or ep does not divide dp_shard."""
+        rep, shard = self.dp_replicate, self.dp_shard
+        if rep == -1 or shard == -1:
+            known = shard if rep == -1 else rep
+            if world_size % known:
+                raise VoyageError(f"trainer.parallel: {self.describe()} does not divide the step's {world_size} "
+                                  f"workers (trainer.workers / Resources.workers)")
+            rep, shard = (world_size // known, shard) if rep == -1 else (rep, world_size // known)
+        if rep * shard != world_size:
+            raise VoyageError(f"trainer.parallel: dp_replicate {rep} x dp_shard {shard} = {rep * shard} ranks, but "
+                              f"the step has {world_size} workers (trainer.workers / Resources.workers)")
+        if shard % self.ep:
+            raise VoyageError(f"trainer.parallel.ep: {self.ep} does not divide dp_shard {shard} (expert "
+                              f"parallelism borrows its ranks from dp_shard)")
+        return dataclasses.replace(self, dp_replicate=rep, dp_shard=shard)
+
+    def validate(self, world_size: int, model: Any = None, batch_size: int | None = None,
+                 microbatch: int = 0, ranks_per_rack: int | None = None) -> "ParallelConfig":
+        """`resolve`, then check the mesh against a model (its routed experts must divide over
+        `ep`), a batch (whole sequences on every data-parallel rank, micro-batches that divide
+        them) and, when given, the ranks of one rack (an `ep` group must stay inside one). Returns
+        the resolved config; raises one VoyageError naming what does not divide."""
+        pc = self.resolve(world_size)
+        if model is not None and model.n_experts % pc.ep:
+            raise VoyageError(f"trainer.parallel.ep: {pc.ep} does not divide the model's {model.n_experts} routed "
+                              f"experts")
+        if ranks_per_rack is not None and ranks_per_rack % pc.ep:
+            raise VoyageError(f"trainer.parallel.ep: {pc.ep} does not divide the {ranks_per_rack} training ranks of "
+                              f"a rack, so an expert-parallel group would cross racks")
+        if batch_size is not None:
+            from steps.train.data import check_batch
+
+            check_batch(batch_size, pc, microbatch)
+        return pc
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks (each reads its own slice of the batch); needs a resolved config."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks that FSDP-shard one expert shard (dp_shard / ep); needs a resolved config."""
+        return self.dp_shard // self.ep
+
+    def describe(self) -> str:
+        """The mesh in words, for errors and logs: `dp_replicate 11 x dp_shard 64 (ep 64)`."""
+        text = f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard}".replace("-1", "(rest)")
+        return text + (f" (ep {self.ep} inside dp_shard)" if self.ep > 1 else "")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """Run mechanics. Only `seed` enters the step's identity."""
 
     seed: int = 0
     workers: int = run_only(default=0)  # 0: the step's Resources.workers
     microbatch: int = run_only(default=0)  # sequences per worker per forward; 0: the worker's whole share
-    parallel: str = run_only(default="ddp")  # "ddp" or "fsdp" (FSDP2)
+    parallel: ParallelConfig = run_only(default_factory=ParallelConfig)  # the mesh
     device: str = run_only(default="auto")  # "auto": cuda when available
     precision: str = run_only(default="auto")  # "auto": bf16 on the GPU (FSDP2 policy), fp32 on the CPU
     checkpoint_every: int = run_only(default=100)
@@ -172,8 +272,8 @@ class TrainerConfig:
     fail_after_steps: int = run_only(default=0)  # tests: raise after this many steps of this attempt
 
     def __post_init__(self) -> None:
-        if self.parallel not in PARALLEL:
-            raise VoyageError(f"trainer.parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        if not isinstance(self.parallel, ParallelConfig):
+            raise VoyageError(f"trainer.parallel must be a ParallelConfig, got {self.parallel!r}")
         if self.precision not in PRECISIONS:
             raise VoyageError(f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.device not in DEVICES:

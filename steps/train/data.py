@@ -1,9 +1,9 @@
 """What the trainer reads: the steps of each phase, the tokenizer check, and the batches.
 
 Optimizer step s reads the mixture's global sequences s*B .. s*B + B-1 (B = data.batch_size),
-whatever the number of workers: worker r of W takes the r-th contiguous slice of B/W, cut into
-micro-batches. So the global order depends only on the mixture, and resuming at step s is
-reading from s*B on. Torch-free (numpy only).
+whatever the number of workers: data-parallel rank r of W (its place in the topology-sorted
+mesh, steps/train/topology.py) takes the r-th contiguous slice of B/W, cut into micro-batches.
+So the global order depends only on the mixture, and resuming at step s is reading from s*B on. Torch-free (numpy only).
 """
 
 from __future__ import annotations
@@ -72,16 +72,21 @@ def check_vocab(model_vocab: int | None, manifest: dict[str, Any], field: str = 
     return vocab
 
 
-def check_batch(batch_size: int, workers: int, microbatch: int) -> int:
-    """Micro-batches per optimizer step on each worker, or a VoyageError naming the field."""
-    if batch_size % workers:
-        raise VoyageError(f"data.batch_size: {batch_size} sequences do not divide across {workers} workers "
-                          f"(trainer.workers / Resources.workers)")
-    share = batch_size // workers
+def check_batch(batch_size: int, mesh: Any, microbatch: int) -> int:
+    """Micro-batches per optimizer step on each data-parallel rank, or a VoyageError naming the
+    field and the mesh. `mesh` is a resolved ParallelConfig (every rank of dp_replicate x
+    dp_shard reads its own share; expert parallelism borrows ranks from dp_shard and adds none)
+    or a plain number of data-parallel workers."""
+    dp = mesh if isinstance(mesh, int) else mesh.dp
+    where = f"{dp} workers" if isinstance(mesh, int) else f"the {dp} data-parallel ranks of the mesh {mesh.describe()}"
+    if batch_size % dp:
+        raise VoyageError(f"data.batch_size: {batch_size} sequences do not divide across {where} "
+                          f"(trainer.workers / Resources.workers, trainer.parallel)")
+    share = batch_size // dp
     micro = microbatch or share
     if share % micro:
         raise VoyageError(f"trainer.microbatch: {micro} does not divide the {share} sequences of each of "
-                          f"{workers} workers (data.batch_size {batch_size})")
+                          f"{where} (data.batch_size {batch_size})")
     return share // micro
 
 

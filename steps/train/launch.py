@@ -1,19 +1,27 @@
-"""Where the training loop runs: in this process (one worker), or on N Ray Train workers.
+"""Where the training loop runs: in this process (one worker), on N Ray Train workers, or on N
+local processes.
 
 One worker runs inside the step's own process (its Ray task under `marin-run`): no worker group
 to start, no process group. N > 1 workers run as a Ray Train `TorchTrainer` (gloo on the CPU,
 NCCL on GPUs) with `ScalingConfig(num_workers=N)`, each worker asking for the step's per-worker
-resources; the step's own task only coordinates. Ray Train retries nothing
-(`max_failures=0`): the executor's retry policy decides, and a retried step resumes from its
-checkpoints.
+resources; the step's own task only coordinates. When the cluster's nodes carry rack labels,
+the workers are asked for rack by rack in whole expert-parallel groups (per-worker label
+selectors, steps/train/topology.py). Ray Train retries nothing (`max_failures=0`): the
+executor's retry policy decides, and a retried step resumes from its checkpoints.
+
+Without Ray (a step function called directly, as tests and benchmarks do), N > 1 workers run as
+N processes of this machine (`torch.multiprocessing`, spawned; gloo on the CPU, NCCL with one GPU
+each), and a worker's exception is raised here.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
-from typing import Any
+import traceback
+from typing import Any, Callable
 
 from steps.train.loop import Job, run
 
@@ -26,20 +34,26 @@ RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_
                  "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
-def in_process(job: Job) -> dict[str, Any]:
-    return run(job)
+def in_process(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    return entry(job)
 
 
 def _worker(config: dict[str, Any]) -> None:
-    # Results travel through the output folder (checkpoint meta.json, metrics.jsonl), not
-    # ray.train.report: in Ray Train 2 report is a collective tied to its own checkpoints.
-    run(config["job"])
+    # Results travel through the output folder (checkpoint meta.json, metrics.jsonl,
+    # results.json), not ray.train.report: in Ray Train 2 report is a collective tied to its own
+    # checkpoints.
+    config["entry"](config["job"])
 
 
-def ray_train(job: Job) -> dict[str, Any]:
-    """Run the loop on `job.workers` Ray Train workers; raises what a worker raised."""
+def ray_train(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` (the training loop) on `job.workers` Ray Train workers; raises what a
+    worker raised. `job` is a training Job or any job with `ctx`, `workers` and `parallel`."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    import ray
+
+    from steps.train.topology import rack_capacity, rack_selectors
 
     res = job.ctx.resources
     use_gpu = res.gpus > 0
@@ -48,14 +62,17 @@ def ray_train(job: Job) -> dict[str, Any]:
         per_worker["GPU"] = res.gpus
     if res.accelerator:
         per_worker[res.accelerator] = float(res.gpus or 1)
+    pc = job.parallel.resolve(job.workers)
+    selectors = rack_selectors(job.workers, pc.ep, rack_capacity(ray.nodes(), per_worker))
     storage = tempfile.mkdtemp(prefix="marin-raytrain-")  # Ray Train's own run state; we checkpoint ourselves
     saved = {k: os.environ.get(k) for k in RAY_TRAIN_ENV}
     os.environ.update({k: v for k, v in RAY_TRAIN_ENV.items() if saved[k] is None})
     try:
         trainer = TorchTrainer(
-            _worker, train_loop_config={"job": job},
+            _worker, train_loop_config={"job": job, "entry": entry},
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=use_gpu, resources_per_worker=per_worker),
+            scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=use_gpu, resources_per_worker=per_worker,
+                                         label_selector=selectors),
             run_config=RunConfig(name=f"{job.ctx.name.replace('/', '-')}-{job.ctx.digest[:10]}", storage_path=storage,
                                  failure_config=FailureConfig(max_failures=0)))
         trainer.fit()
@@ -81,14 +98,87 @@ def _unwrap(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) and cause is not e else e
 
 
-def launch(job: Job) -> dict[str, Any]:
-    """Ray Train when more than one worker is asked for and Ray is running; else in-process."""
+def _spawned(rank: int, workers: int, port: int, cuda: bool, target: Callable[..., Any], args: tuple,
+             errors: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(workers))
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=workers)
+    try:
+        target(*args)
+    except BaseException as e:  # noqa: BLE001 (sent to the parent, which raises it)
+        try:
+            errors.put((rank, e, traceback.format_exc()))
+        except Exception:  # noqa: BLE001 (an exception that does not pickle)
+            errors.put((rank, RuntimeError(f"{type(e).__name__}: {e}"), traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(target: Callable[..., Any], args: tuple, workers: int, cuda: bool = False) -> None:
+    """Run `target(*args)` in `workers` new processes of this machine, each in a process group
+    of them all (gloo; NCCL with one GPU each when `cuda`); raises the first worker exception.
+    When one worker fails the others are stopped (they would wait in a collective)."""
+    from multiprocessing.connection import wait
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # A fork server that has imported torch and the trainer once starts each worker in a fraction
+    # of a fresh interpreter's import time; it forks from a clean single-threaded process, not
+    # from this one (which may run Ray's threads).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
+                                "torch.distributed.checkpoint.state_dict", "steps.train.loop",
+                                "steps.moe.expert_parallel"])
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_spawned, args=(rank, workers, port, cuda, target, args, errors), daemon=True)
+             for rank in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        running = list(procs)
+        while running:
+            wait([p.sentinel for p in running])
+            running = [p for p in running if p.is_alive()]
+            if any(p.exitcode for p in procs if not p.is_alive()):
+                break
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    if not errors.empty():
+        rank, error, trace = errors.get()
+        raise error from RuntimeError(f"worker {rank} of {workers}:\n{trace}")
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise RuntimeError(f"a spawned worker exited with code {bad[0]}")
+
+
+def local_processes(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` on `job.workers` spawned processes of this machine."""
+    import torch
+
+    spawn(entry, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
+    return {}
+
+
+def launch(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
+    """Run `entry(job)` (default: the training loop) on Ray Train when more than one worker is
+    asked for and Ray is running; on local processes when Ray is not; else in-process."""
     if job.workers > 1:
         import ray
 
         if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
-            return ray_train(job)
-        job.ctx.logger.warning("%s: %d workers asked for but Ray is not running: training in-process "
-                               "on one worker", job.ctx.name, job.workers)
-        job.workers = 1
-    return in_process(job)
+            return ray_train(job, entry)
+        return local_processes(job, entry)
+    return in_process(job, entry)

@@ -1,10 +1,16 @@
 """The training loop one worker runs, in-process or as a Ray Train worker.
 
-Per optimizer step s (0-based; the checkpoint after it is `step-(s+1)`): read this worker's slice
-of global sequences s*B .. s*B+B-1, forward and backward each micro-batch (gradient sync only on
-the last), clip, AdamW step, scheduler step, then the expert-bias update (one all-reduce of the
-expert loads). Every `log_every` steps rank 0 writes a metrics row; every `checkpoint_every`
-steps (and at the end) all ranks save a checkpoint.
+Start-up: find every worker's place and the mesh order (steps/train/topology.py), pick the
+parallel component for the mesh (steps/train/parallel.py), build the model on `meta`, shard it
+there, allocate it on this worker's device and initialize it by parameter name and seed: no rank
+ever holds more than its shards, and the weights are the same on any mesh.
+
+Per optimizer step s (0-based; the checkpoint after it is `step-(s+1)`): read this rank's slice
+of global sequences s*B .. s*B+B-1 (its data-parallel rank in the mesh order), forward and
+backward each micro-batch (the component decides what each micro-batch's backward reduces),
+clip, AdamW step, scheduler step, then the expert-bias update (one all-reduce of the expert
+loads). Every `log_every` steps rank 0 writes a metrics row; every `checkpoint_every` steps (and
+at the end) all ranks save a checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from steps.moe.balance import update_expert_bias
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
-from steps.train.parallel import build_parallel, pick_device, pick_precision, unwrap
+from steps.train.parallel import arrange, clip_grad_norm, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
 
 
@@ -52,23 +58,46 @@ class Job:
     cpus_per_worker: float
     created: float  # time.time() when the step built the job (for the startup overhead)
 
+    @property
+    def parallel(self) -> Any:  # steps.train.config.ParallelConfig
+        return self.config.trainer.parallel
 
-def build_model(model_config: Any, seed: int, device: torch.device) -> torch.nn.Module:
-    """The MoE, initialized identically on every rank from the seed."""
+
+def build_model(model_config: Any, seed: int, device: torch.device, parallel: Any = None) -> torch.nn.Module:
+    """The MoE built on `meta`, sharded by `parallel` (a steps.train.parallel component; None:
+    one process), allocated on `device` and initialized by parameter name and seed, then wrapped
+    (DDP) if the component wraps."""
     from steps.moe.model import MoETransformer
+    from steps.train.config import ParallelConfig
+    from steps.train.parallel import Single
 
-    model = MoETransformer(model_config)
-    model.init_weights(torch.Generator().manual_seed(seed))
-    return model.to(device)
+    parallel = parallel or Single(ParallelConfig().resolve(1))
+    with torch.device("meta"):
+        model = MoETransformer(model_config)
+    model = materialize(parallel.parallelize(model), device, seed, offload=parallel.pc.offload == "all")
+    return parallel.wrap(model)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, norms do not."""
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none"
+                    ) -> torch.optim.Optimizer:
+    """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
+    optimizer (and scheduler) state saved on one mesh loads on any other. With offload="moments",
+    the moments live in host memory (steps/train/offload.py). Else fused on the GPU when every
+    parameter lives on one mesh; a plain per-parameter loop when expert parallelism puts the
+    experts on a mesh of their own (one multi-tensor kernel cannot span two meshes; a few hundred
+    small kernels a step cost milliseconds); on the host when the state is offloaded ("all")."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    if offload == "moments":
+        from steps.train.offload import HostMomentsAdamW
+
+        return HostMomentsAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
+    one_mesh = len({id(p.device_mesh) for p in model.parameters() if hasattr(p, "device_mesh")}) <= 1
+    on_gpu = all(p.device.type == "cuda" for p in model.parameters())
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=device.type == "cuda")
+                             fused=on_gpu and one_mesh, foreach=None if one_mesh else False)
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:
@@ -94,17 +123,20 @@ class Trainer:
         torch.manual_seed(self.tcfg.seed)
         had_group = dist.is_initialized()
         precision = pick_precision(self.tcfg.precision, self.device)
-        self.parallel = build_parallel(self.tcfg.parallel, self.device, precision)
+        pc = self.tcfg.parallel.validate(self.world, job.model_config, self.cfg.data.batch_size, self.tcfg.microbatch)
+        self.parallel, self.places, self.order = arrange(pc, self.device, precision)
+        self.pc = pc
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
-        self.model = self.parallel.wrap(build_model(job.model_config, self.tcfg.seed, self.device))
+        self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()
-        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device)
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
         self.context = job.phases.seq_len - 1
         self.step = job.start
         self.tokens = job.start * self.cfg.data.batch_size * self.context
-        self.batches = Batches(job.manifest, self.cfg.data.batch_size, self.rank, self.world, self.tcfg.microbatch)
+        self.batches = Batches(job.manifest, self.cfg.data.batch_size, self.parallel.data_rank, pc.dp,
+                               self.tcfg.microbatch)
         self.flops = flops_per_token(job.model_config, self.context)
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
 
@@ -133,16 +165,18 @@ class Trainer:
         """One optimizer step; adds (ce, router loss, 1) per micro-batch to `sums`. Returns the
         learning rate used and the gradient norm before clipping."""
         micro = self.batches.step(self.step)
+        # the mean over micro-batches, and over ranks when the component sums gradients (FSDP)
+        divisor = len(micro) * self.parallel.loss_divisor
         for i, rows in enumerate(micro):
             seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
             with self.parallel.sync(self.model, last=i == len(micro) - 1):
                 logits, router_loss = self.model(seq[:, :-1])
                 ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
-                ((ce + router_loss) / len(micro)).backward()
+                ((ce + router_loss) / divisor).backward()
             sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
         lr = self.scheduler.get_last_lr()[0]
         clip = self.cfg.optimizer.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = clip_grad_norm(self.model.parameters(), clip, self.parallel.norm_group)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -155,7 +189,7 @@ class Trainer:
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
-        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        norm = grad_norm
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
@@ -171,6 +205,8 @@ class Trainer:
                 "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
                 "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
+                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
+                         "places": [self.places[r].as_dict() for r in self.order]},
                 "metrics": row, "startup_s": started - job.created, "time": time.time()}
         checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta)
         if self.main:
@@ -192,7 +228,8 @@ class Trainer:
         tick, tick_tokens, done_here = time.perf_counter(), self.tokens, 0
         self.model.train()
         try:
-            with ctx.progress(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress:
+            progress_of = ctx.progress if self.main else _SilentProgress
+            with progress_of(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress:
                 while self.step < job.end:
                     lr, grad_norm = self.train_step(sums)
                     log_now = (self.step + 1) % tcfg.log_every == 0 or self.step + 1 == job.end
@@ -229,6 +266,25 @@ class Trainer:
     def close(self) -> None:
         if self.own_group:
             dist.destroy_process_group()
+
+
+class _SilentProgress:
+    """The progress reporter of ranks other than 0: one line per step, not per rank."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def __enter__(self) -> "_SilentProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def line(self) -> str:
+        return ""
 
 
 def run(job: Job) -> dict[str, Any]:

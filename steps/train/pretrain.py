@@ -6,7 +6,7 @@
 
 Both are resumable: an attempt that died leaves its checkpoints in the output, and the next one
 resumes from the newest. Everything that can be wrong with the input (tokenizer vs model
-vocabulary, a checkpoint of another shape, a batch that does not divide across workers) is
+vocabulary, a checkpoint of another shape, a batch or mesh that does not divide across workers) is
 checked here, before any worker starts, and raised as one VoyageError naming the field.
 """
 
@@ -16,7 +16,7 @@ import time
 
 from executor import StepContext, VoyageError, step_type
 from steps.train.config import TrainConfig
-from steps.train.data import check_batch, check_vocab, phases, read_mixture
+from steps.train.data import check_vocab, phases, read_mixture
 
 
 @step_type(version="1", resumable=True, logs=("wandb/**", "metrics.jsonl"))
@@ -55,7 +55,7 @@ def prepare(config: TrainConfig, ctx: StepContext, phase: str):  # -> steps.trai
     vocab = check_vocab(config.model.vocab_size, manifest)
     model_config = config.model.build_config(vocab)
     workers = config.trainer.workers or ctx.resources.workers
-    check_batch(config.data.batch_size, workers, config.trainer.microbatch)
+    config.trainer.parallel.validate(workers, model_config, config.data.batch_size, config.trainer.microbatch)
 
     init_from = None
     if phase == "midtrain":

@@ -25,6 +25,7 @@ import fsspec
 
 from executor import is_local
 from steps.data.formats import write_bytes
+from steps.moe.config import flops_per_token  # noqa: F401  (one formula for MFU and the voyage's budget)
 from steps.train.config import TrackerConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -140,21 +141,3 @@ def peak_flops(device: str, threads: int) -> float:
                 return flops
         return 989.4e12
     return CPU_FLOPS_PER_CORE * max(threads, 1)
-
-
-def flops_per_token(model_config: Any, context: int) -> float:
-    """Training FLOPs per token (forward + backward): 6 x the active matmul parameters (input
-    embedding excluded, output head included) plus attention scores and values,
-    12 x heads x head_dim x the mean number of keys a query sees, per layer."""
-    from steps.moe.model import count_params
-
-    cfg = model_config
-    _, active = count_params(cfg)
-    matmul = active - cfg.vocab_size * cfg.dim
-    attn = 0.0
-    for layer in range(cfg.n_layers):
-        window = context if cfg.is_global(layer) else min(cfg.sliding_window, context)
-        # mean over positions i of min(i + 1, window)
-        keys = (sum(min(i + 1, window) for i in range(context)) / context) if context else 0.0
-        attn += 12 * cfg.n_heads * cfg.head_dim * keys
-    return 6.0 * matmul + attn

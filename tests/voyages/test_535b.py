@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
+from steps.moe.config import PRESETS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOYAGE = os.path.join(ROOT, "voyages", "535b.py")
+
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,9 @@ def shape(steps):
             for n in dag}, dag
 
 
-def test_full_plan_budget_and_unplaceable_steps(capsys, tmp_path):
+def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
+    """The real CLI's dry-run of the full voyage: the budget by the trainer's FLOP formula, and
+    the plan of the training step measured at its full size (704 ranks of a fake process group)."""
     from executor.cli import main
 
     code = main([VOYAGE, "--dry-run", "--prefix", str(tmp_path / "p")])
@@ -44,11 +49,83 @@ def test_full_plan_budget_and_unplaceable_steps(capsys, tmp_path):
     assert "533.8B total, 22.83B active" in out  # within 1% of 535.3B and 22.76B
     assert "18.75T = 15T pretrain + 3.75T midtrain (switch at 80%)" in out
     assert "11,264 x 4,096" in out and "406,395 optimizer steps" in out
-    assert "= 2.70e+24" in out and "(6 x N_active" in out
-    assert "days on 792 GB200" in out
+    assert "138.14 GFLOP a token" in out and "= 2.59e+24" in out and "the trainer's MFU formula" in out
     pretrain_line = next(line for line in out.splitlines() if line.startswith("pretrain/535b-a23b"))
-    assert "CANNOT BE PLACED" in pretrain_line and "GB200" in pretrain_line
+    assert "CANNOT BE PLACED" in pretrain_line and "704 x (32 cpu, 200 GiB, 1 gpu, GB200)" in pretrain_line
+    # the plan: one 64-GPU expert mesh a rack, 8 GPUs a rack spare, figures measured
+    assert "704 of 792 GPUs train on 11 racks (64 a rack, 8 a rack spare)" in out
+    assert "dp_replicate 11 x dp_shard 64, expert-parallel EP64 inside a rack (6 experts a GPU)" in out
+    assert "fake process group of 704 ranks" in out and "traced" in out
+    assert "8.34B elements on the largest rank" in out
+    a2a = next(line for line in out.splitlines() if line.strip().startswith("expert all-to-all"))
+    assert "ep 64" in a2a and "nvlink" in a2a and " TB " in a2a
+    assert any("across racks" in line and "network" in line for line in out.splitlines())
+    peak = next(line for line in out.splitlines() if line.strip().startswith("peak "))
+    assert ": fits;" in peak and "anchor 137.9 GiB" in peak
+    assert "the fastest meshes that fit on 792 GPUs" in out and "anchor 17.0 s at 22.9%" in out
+    assert "days on 704 GB200 that train" in out
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "8"], "the step does not fit on 8 GPUs: its least-memory mesh (dp_replicate 1 x dp_shard 8 (EP8)"),
+    (["--ep", "5"], "ep: 5 does not divide the model's 384 routed experts"),
+    (["--dp_replicate", "12", "--dp_shard", "64"], "gpus: dp_replicate 12 x dp_shard 64 needs 12 racks"),
+    (["--dp_replicate", "11", "--dp_shard", "64", "--ep", "64", "--microbatch", "16", "--checkpointing", "none"],
+     "the step does not fit on 792 GPUs: the mesh asked for"),
+])
+def test_a_step_that_does_not_divide_or_fit_exits_2(capsys, tmp_path, flags, message):
+    from executor.cli import main
+
+    code = main([VOYAGE, "--dry-run", "--prefix", str(tmp_path / "p"), *flags])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    line = captured.err.strip()
+    assert "\n" not in line and message in line, line
+    if "fit" in message:
+        assert "GiB a GPU" in line and "GiB more than 90% of the 186 GB" in line  # the memory it lacks
+    assert not (tmp_path / "p").exists()
+
+
+def test_help_lists_the_plan_flags(capsys):
+    from executor.cli import main
+
+    assert main([VOYAGE, "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--gpus", "--mfu", "--dp_replicate", "--dp_shard", "--ep", "--microbatch", "--checkpointing"):
+        assert flag in out, flag
+
+
+def test_laptop_dry_run_plans_nothing_at_full_scale(tmp_path):
+    """The laptop preset stays quick to plan: its dry-run builds no fake process group and
+    imports neither torch nor Ray."""
+    import subprocess
+
+    code = ("import sys; from executor.cli import main; "
+            f"rc = main([{VOYAGE!r}, '--dry-run', '--laptop', '--prefix', {str(tmp_path / 'p')!r}]); "
+            "print('IMPORTED', [m for m in ('torch', 'ray') if m in sys.modules]); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "laptop rehearsal of the 535B voyage" in out.stdout and "IMPORTED []" in out.stdout
+    assert "plan of the training step" not in out.stdout
+
+
+def test_the_training_step_runs_the_planned_mesh(v535):
+    from executor.dag import build_dag
+
+    dag = build_dag(v535.voyage(v535.VoyageConfig()))
+    pre = dag["pretrain/535b-a23b"].step
+    trainer, parallel = pre.config.trainer, pre.config.trainer.parallel
+    assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 64)
+    assert trainer.workers == pre.resources.workers == 704 and trainer.microbatch in (1, 2)
+    assert parallel.checkpointing in ("selective", "full")
+    # the trainer's own checks accept what the plan picked (whole sequences, ep inside a rack)
+    parallel.validate(704, PRESETS["535b-a23b"], batch_size=11_264, microbatch=trainer.microbatch, ranks_per_rack=64)
+    pinned = dict(ep=32, microbatch=trainer.microbatch, checkpointing=parallel.checkpointing)
+    fixed = build_dag(v535.voyage(v535.VoyageConfig(**pinned)))
+    assert fixed["pretrain/535b-a23b"].step.config.trainer.parallel.ep == 32
+    # the mesh is run-only: the step's identity does not change with it
+    assert fixed["pretrain/535b-a23b"].digest == dag["pretrain/535b-a23b"].digest
 
 
 def test_laptop_has_the_same_dag_shape(v535):
@@ -61,7 +138,7 @@ def test_laptop_has_the_same_dag_shape(v535):
     assert mix.token_budget == int(18.75e12) and mix.seq_len == 4096
     assert [round(s.fraction, 6) for s in mix.stages] == [0.8, 0.2]
     pre = full_dag["pretrain/535b-a23b"].step
-    assert pre.config.data.batch_size == 11_264 and pre.resources.workers == 792
+    assert pre.config.data.batch_size == 11_264 and pre.resources.workers == 704
     assert pre.resources.accelerator == "GB200" and pre.config.model.preset == "535b-a23b"
     assert full_dag["tokenizer/llama3"].step.config.expect_vocab_size == 128_256
 

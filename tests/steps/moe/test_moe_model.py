@@ -42,7 +42,7 @@ def _tiny(**changes):
     cfg = dataclasses.replace(PRESETS["tiny"], **changes)
     torch.manual_seed(0)
     model = MoETransformer(cfg)
-    model.init_weights(torch.Generator().manual_seed(0))
+    model.init_weights(0)
     return cfg, model
 
 

@@ -1,6 +1,7 @@
-"""Training on Ray through the executor: pretrain on two Ray Train workers (DDP over gloo) is
-killed part-way, run again, resumes from its checkpoint and ends bitwise equal to an
-uninterrupted one-worker run of the same batches; midtrain and eval then chain on its output."""
+"""Training on Ray through the executor: pretrain on two Ray Train workers (DDP over gloo:
+`ParallelConfig(dp_replicate=-1, dp_shard=1)`) is killed part-way, run again, resumes from its
+checkpoint and ends bitwise equal to an uninterrupted one-worker run of the same batches; midtrain
+and eval then chain on its output."""
 
 import dataclasses
 import json
@@ -15,8 +16,8 @@ from trainkit import make_mixture, run_step  # noqa: E402
 from executor import Resources, Step, output_of  # noqa: E402
 from executor.api import run_steps  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
-from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig,  # noqa: E402
-                                TrainerConfig)
+from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig,  # noqa: E402
+                                TrainConfig, TrainerConfig)
 from steps.train.eval import EvalConfig, evaluate  # noqa: E402
 from steps.train.pretrain import midtrain, pretrain  # noqa: E402
 
@@ -34,7 +35,8 @@ def test_two_ray_workers_killed_resumed_bitwise_then_midtrain_and_eval(ray_local
     mix = make_mixture(tokens, tmp_path / "mix", sequences=1000)
     cfg = TrainConfig(data=DataConfig(mixture=mix, batch_size=16), model=ModelSpec("tiny"),
                       optimizer=OptimizerConfig(lr=1e-2, warmup_steps=5),
-                      trainer=TrainerConfig(log_every=5, checkpoint_every=7, tracker=TrackerConfig(kind="none")))
+                      trainer=TrainerConfig(log_every=5, checkpoint_every=7, tracker=TrackerConfig(kind="none"),
+                                            parallel=ParallelConfig(dp_replicate=-1, dp_shard=1)))
     two = Resources(cpus=1, workers=2)
     killed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=17))
     prefix = str(tmp_path / "prefix")

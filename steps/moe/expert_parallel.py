@@ -1,0 +1,95 @@
+"""Expert parallelism: the routed experts spread over an `ep` group, tokens sent to them with a
+dropless all-to-all.
+
+Shape legend: T tokens on this rank, K experts per token, N = T*K token-expert slots, D model
+width, E routed experts, P ranks of the ep group, e = E/P experts per rank, R rows received from
+the group, Q rows of the received buffer after each local expert's padding.
+
+Rank p of the group holds experts p*e .. p*e+e-1 (whole experts, `Shard(0)` over `ep`). One MoE
+forward on every rank of the group:
+
+1. route locally (the fused router on CUDA), sort the N slots by expert (stable: a token's order
+   within an expert is kept), copy each token to its K slots of the send buffer: since experts
+   are numbered rank by rank, the buffer is already grouped by destination rank;
+2. exchange per-expert counts with one `all_to_all_single` ([P, e] each way) and move the split
+   sizes to the host (the one device-to-host sync);
+3. send the tokens with a second `all_to_all_single` of variable splits (autograd: its backward
+   is the reverse all-to-all);
+4. regroup the received rows (source rank major) by local expert, each group padded to
+   `expert_align`, run the three grouped GEMMs on the local expert weights, gather the rows back;
+5. return every row to the rank it came from with the reverse all-to-all, and compute the shared
+   experts while it is in flight (the collective is issued asynchronously and waited for only
+   when its rows are read, as torchtitan overlaps them); then un-sort, sum each token's K outputs
+   weighted by the router in a fixed order, and add the shared experts' output.
+
+Dropless: every slot is sent and computed; the buffers are as large as the routing makes them.
+The collectives are functional collectives (`torch.distributed._functional_collectives`), whose
+outputs selective activation checkpointing can save, so a recomputed block does not send its
+tokens again (steps/train/recompute.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from steps.moe.model import MoE, _Dispatch, expert_ffn, expert_layout, local_weight
+
+
+class AllToAllExperts:
+    """The routed-expert path of `MoE` when its expert weights are `Shard(0)` over `group`."""
+
+    def __init__(self, group: torch.distributed.ProcessGroup, n_experts: int) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.size = dist.get_world_size(group)
+        if n_experts % self.size:
+            raise ValueError(f"{n_experts} routed experts do not divide over an expert-parallel group of {self.size}")
+        self.per_rank = n_experts // self.size
+
+    def __call__(self, moe: MoE, x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
+                 beside=None) -> Tensor:
+        from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
+
+        T, K = idx_TK.shape
+        P, e = self.size, self.per_rank
+        flat_N = idx_TK.reshape(-1)
+        order_N = torch.argsort(flat_N, stable=True)
+        pos_N = torch.empty_like(order_N)
+        pos_N[order_N] = torch.arange(flat_N.numel(), device=flat_N.device)  # slot -> row of the send buffer
+        x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), flat_N.numel())
+
+        sent_Pe = counts_E.view(P, e)
+        got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
+        got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
+        send = sent_Pe.sum(1).tolist()
+        recv = got_Pe.sum(1).tolist()
+        x_RD = all_to_all_single_autograd(x_ND, recv, send, self.group)
+
+        expert_R = torch.repeat_interleave(torch.arange(e, device=x_TD.device).repeat(P), got_Pe.reshape(-1),
+                                           output_size=sum(recv))
+        row_R, offs_e, n_rows = expert_layout(expert_R[:, None], got_Pe.sum(0), moe.cfg.expert_align)
+        x_QD = _Dispatch.apply(x_RD, row_R[:, None], n_rows)
+        y_QD = expert_ffn(x_QD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF), offs_e)
+        y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)  # issued, not waited for
+        shared_TD = beside() if beside is not None else None  # overlaps the combine all-to-all
+        y_TKD = y_ND[pos_N].view(T, K, -1)  # the wait
+        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        return out_TD if shared_TD is None else out_TD + shared_TD
+
+
+EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")
+
+
+def shard_experts(moe: MoE, ep_mesh) -> None:
+    """Make `moe`'s expert weights `Shard(0)` DTensors over the 1-D `ep_mesh` and route its tokens
+    through `AllToAllExperts`. No communication: each rank keeps its own slice (on `meta` too)."""
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for name in EXPERT_WEIGHTS:
+        weight = getattr(moe, name)
+        moe.register_parameter(name, nn.Parameter(distribute_tensor(weight.data, ep_mesh, [Shard(0)],
+                                                                    src_data_rank=None)))
+    moe.experts = AllToAllExperts(ep_mesh.get_group(), moe.cfg.n_experts)

@@ -1,0 +1,61 @@
+"""The machine a plan runs on: one GPU's memory and peak, its links, and how racks group GPUs.
+Every figure says where it comes from; the plan prints them beside what they feed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster of racks of GPUs. The defaults are GB200 NVL72 (public spec sheets)."""
+
+    name: str = "GB200 NVL72"
+    gpus_per_rack: int = 72  # one NVLink domain
+    hbm_gb: float = 186.0  # HBM3e per GPU, GB (1e9 bytes)
+    hbm_limit: float = 0.9  # a plan fits when its peak is at most this share of HBM
+    peak_tflops: float = 2500.0  # dense bf16 per GPU
+    hbm_tbps: float = 8.0  # HBM3e bandwidth per GPU, TB/s (elementwise recompute runs at this)
+    nvlink_gbps: float = 900.0  # NVLink 5, GB/s each way per GPU, to any GPU of its rack
+    network_gbits: float = 400.0  # between racks, Gb/s per GPU (one 400G NIC per GPU)
+    host_link_gbps: float = 450.0  # NVLink-C2C to the Grace CPU, GB/s each way per GPU
+    host_gb: float = 240.0  # host memory per GPU: 480 GB LPDDR5X per Grace, one Grace per 2 GPUs
+    link_efficiency: float = 0.8  # share of a link's rate a collective reaches (bus bandwidth)
+    collective_latency_us: float = 20.0  # fixed cost of one collective call
+    runtime_reserve_gb: float = 4.0  # CUDA context, NCCL communicators and cuBLAS workspaces
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * GB
+
+    @property
+    def limit_bytes(self) -> float:
+        return self.hbm_limit * self.hbm_bytes
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    def link_bytes_per_s(self, link: str) -> float:
+        """Effective bytes/s one GPU moves each way on a link class ("nvlink", "network", "host")."""
+        raw = {"nvlink": self.nvlink_gbps * GB, "network": self.network_gbits / 8 * GB,
+               "host": self.host_link_gbps * GB}[link]
+        return raw * self.link_efficiency
+
+    def assumptions(self) -> list[str]:
+        return [
+            f"{self.name}: {self.hbm_gb:g} GB HBM3e a GPU (a plan fits under {self.hbm_limit:.0%}: "
+            f"{self.limit_bytes / GIB:.1f} GiB), {self.peak_tflops / 1000:g} PFLOP/s dense bf16, "
+            f"{self.hbm_tbps:g} TB/s HBM",
+            f"links a GPU, each way: NVLink 5 {self.nvlink_gbps:g} GB/s inside a rack of {self.gpus_per_rack}; "
+            f"network {self.network_gbits:g} Gb/s between racks; NVLink-C2C {self.host_link_gbps:g} GB/s to "
+            f"its host ({self.host_gb:g} GB host memory a GPU); collectives reach {self.link_efficiency:.0%} "
+            f"of a link, +{self.collective_latency_us:g} us a call; {self.runtime_reserve_gb:g} GB a GPU "
+            f"for the CUDA context, NCCL and cuBLAS",
+        ]
+
+
+GB200_NVL72 = Hardware()

@@ -1,0 +1,139 @@
+"""The plan's figures read from the real model: built on `meta`, sharded by the trainer's own
+`parallelize` in a fake process group of the mesh's full size, every DTensor's shard read; and
+one block of each kind (global, windowed) plus the head traced under FakeTensorMode at the real
+micro-batch (steps/scale/trace.py). Nothing is allocated: a 535B model on 704 ranks plans in a
+few seconds and a few hundred MB.
+
+The largest rank decides the peak: FSDP2 pads every shard to ceil(rows / ranks) rows, so the
+bytes a shard's storage holds (read here) are what the largest rank uses, and what every rank
+allocates; `to_local()` of a rank past the end is shorter (tests build rank 0 and the last rank).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from executor import VoyageError
+from steps.scale import memory as mem
+from steps.scale.plan import (Activations, Choice, Plan, Setup, estimate, layer_kinds, pick, shortfall,
+                              with_measurement)
+from steps.scale.trace import fake_world, trace_block, trace_head
+
+
+@dataclass(frozen=True)
+class ShardReading:
+    """What the fake-process-group build found on one rank."""
+
+    shards: mem.Shards  # padded elements by unit
+    local: int  # elements of `to_local()`, summed (shorter than padded on a rank past the end)
+    uneven: tuple[str, ...]  # parameters whose rows do not divide over their shard group
+    rank: int
+    world: int
+    seconds: float
+
+
+def _unit(name: str) -> str:
+    if name.startswith("embed."):
+        return "embed"
+    if name.startswith(("norm.", "head.")):
+        return "head"
+    return "experts" if name.endswith(("_EFD", "_EDF")) else "dense"
+
+
+def read_shards(cfg: Any, choice: Choice, rank: int = 0) -> ShardReading:
+    """Build `cfg` on meta, shard it with steps.train.parallel over a fake process group of the
+    mesh's size (as `rank`), and count each parameter's shard."""
+    from steps.moe.model import MoETransformer
+    from steps.train.config import ParallelConfig
+    from steps.train.parallel import build_meshes, mixed_precision, parallelize
+
+    m = choice.mesh
+    pc = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep, checkpointing=choice.checkpointing)
+    start = time.perf_counter()
+    with fake_world(m.ranks, rank=rank):
+        with torch.device("meta"):
+            model = MoETransformer(cfg)
+        parallelize(model, build_meshes(pc, "cpu"), pc, mixed_precision("bf16"))
+        padded = {"dense": 0, "experts": 0, "embed": 0, "head": 0}
+        local = 0
+        uneven = []
+        for name, p in model.named_parameters():
+            shard = p.to_local()
+            local += shard.numel()
+            padded[_unit(name)] += shard.untyped_storage().nbytes() // shard.element_size()
+            groups = [p.device_mesh.size(i) for i, pl in enumerate(p.placements) if pl.is_shard()]
+            if p.shape[0] % max(1, _prod(groups)) and not _dim1(p):
+                uneven.append(name)
+    per_block = cfg.n_layers or 1
+    shards = mem.Shards(dense_per_block=padded["dense"] // per_block, experts_per_block=padded["experts"] // per_block,
+                        embed=padded["embed"], head=padded["head"])
+    return ShardReading(shards=shards, local=local, uneven=tuple(uneven), rank=rank, world=m.ranks,
+                        seconds=time.perf_counter() - start)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _dim1(p) -> bool:
+    return any(pl.is_shard() and getattr(pl, "dim", 0) == 1 for pl in p.placements)
+
+
+def trace_activations(setup: Setup, choice: Choice) -> Activations:
+    """One block of each kind and the head, traced at the choice's micro-batch, experts over an
+    expert-parallel group of the mesh's ep in a fake process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cfg, ep = setup.model, choice.mesh.ep
+    layers = layer_kinds(cfg)
+    kept, working = {}, {}
+    with fake_world(ep):
+        mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("ep",)) if ep > 1 else None
+        for is_global, layer in layers.items():
+            tr = trace_block(cfg, layer, choice.microbatch, setup.context, choice.checkpointing, mesh)
+            kept[is_global], working[is_global] = tr.kept, tr.working
+    head = trace_head(cfg, choice.microbatch, setup.context).peak
+    return Activations(kept=kept, working=working, head=head, source="traced")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A plan from measured figures, beside the closed-form plan of the same choice."""
+
+    plan: Plan
+    formula: Plan
+    reading: ShardReading
+    trace_seconds: float
+
+
+@functools.lru_cache(maxsize=8)
+def measure(setup: Setup, choice: Choice) -> Measured:
+    """The plan of `choice` from the real sharding and the traced activations (cached: the
+    voyage and its summary, or two configs that resolve to one choice, measure once)."""
+    formula = estimate(setup, choice)  # checks divisibility first: nothing to build if it fails
+    reading = read_shards(setup.model, choice)
+    start = time.perf_counter()
+    acts = trace_activations(setup, choice)
+    return Measured(plan=with_measurement(formula, acts, reading.shards), formula=formula, reading=reading,
+                    trace_seconds=time.perf_counter() - start)
+
+
+@functools.lru_cache(maxsize=8)
+def plan_for(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
+             checkpointing: str = "auto") -> tuple[Measured, tuple[Plan, ...]]:
+    """The search's choice for the fields given (steps.scale.plan.pick), measured; and the
+    alternatives. A VoyageError when nothing divides or fits, or when the measured figures do
+    not fit where the closed form did. Cached: a voyage and its summary plan once."""
+    chosen, alternatives = pick(setup, dp_replicate, dp_shard, ep, microbatch, checkpointing)
+    measured = measure(setup, chosen.choice)
+    if not measured.plan.fits:
+        raise VoyageError(shortfall(measured.plan, "measured, the search's choice"))
+    return measured, tuple(alternatives)

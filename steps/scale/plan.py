@@ -1,0 +1,357 @@
+"""The plan of a training step at full scale: a mesh's per-GPU memory against the GPU's, its
+per-step communication against its compute, the checks that refuse a mesh that does not divide
+or does not fit, and the search for the fastest meshes that do. Torch-free: the figures come
+from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
+(steps/scale/measure.py) passed in.
+
+    setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792, mfu=0.229)
+    plan, alternatives = pick(setup)          # the fastest that fits, and the runners-up
+    plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="full"))
+    print(steps.scale.table.format_plan(plan, alternatives))
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from executor import VoyageError
+from steps.scale import memory as mem
+from steps.scale.comms import StepTime, flops_per_token, step_time
+from steps.scale.hardware import GB200_NVL72, GIB, Hardware
+from steps.scale.memory import BF16, FP32, MODES, Mesh, Tokens
+
+TIE = 0.02  # relative step-time difference the search treats as a tie
+
+# Marin's published hero configuration for this model on GB200 NVL72 (docs/training.md).
+ANCHOR = {"mesh": "EP64 per rack x DP11 across racks, 704 GPUs", "peak_gib": 137.9, "step_s": 17.0, "mfu": 0.229,
+          "sequences_per_gpu": 16, "optimizer": "host", "capacity_factor": 1.15, "dropped": 0.00018}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a plan is for: the model, the batch and the cluster, and the assumptions."""
+
+    model: Any  # steps.moe.config.MoEConfig
+    batch: int  # sequences per optimizer step
+    context: int  # tokens a sequence feeds (the mixture's seq_len - 1)
+    gpus: int  # GPUs of the cluster
+    mfu: float = ANCHOR["mfu"]  # model FLOPs / peak while computing (recompute and exposed comms come on top)
+    hardware: Hardware = GB200_NVL72
+    load_mean: float = 1.1  # busiest expert-parallel rank's rows over the mean, on average (time)
+    load_peak: float = 1.25  # ... in the worst micro-batch (memory headroom: dropless buffers)
+
+    @property
+    def racks(self) -> int:
+        g = self.hardware.gpus_per_rack
+        return max(1, -(-self.gpus // g))
+
+    @property
+    def gpus_per_rack(self) -> int:
+        """GPUs of one rack this cluster has (fewer than a rack: all of them)."""
+        return min(self.gpus, self.hardware.gpus_per_rack)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the voyage picks: the mesh, the micro-batch, checkpointing, where Adam's moments live."""
+
+    mesh: Mesh
+    microbatch: int
+    checkpointing: str
+    optimizer_on_host: bool = False
+
+    def describe(self) -> str:
+        m = self.mesh
+        ep = f"EP{m.ep}" + (f" x efsdp {m.efsdp}" if m.efsdp > 1 else "")
+        ac = "no" if self.checkpointing == "none" else self.checkpointing
+        return (f"dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} ({ep}), micro-batch {self.microbatch}, "
+                f"{ac} checkpointing, Adam on {'host' if self.optimizer_on_host else 'GPU'}")
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of a micro-batch on one rank: per layer kind (global, windowed)."""
+
+    kept: dict[bool, int]  # is_global -> bytes one block keeps
+    working: dict[bool, int]  # is_global -> peak above that in its backward
+    head: int
+    source: str  # "formula" or "traced"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    setup: Setup
+    choice: Choice
+    racks: int  # racks the mesh spans
+    replicas_per_rack: int
+    rows: tuple[Row, ...]
+    peak: float  # bytes
+    time: StepTime
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> int:
+        return self.choice.mesh.ranks
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.setup.hardware.limit_bytes
+
+    @property
+    def predicted_mfu(self) -> float:
+        s = self.setup
+        flops = s.batch * s.context * flops_per_token(s.model, s.context)
+        return flops / (self.ranks * s.hardware.peak_flops * self.time.total)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def placement(setup: Setup, mesh: Mesh) -> tuple[int, int]:
+    """(racks the mesh spans, dp_shard groups a rack holds), or a VoyageError naming what does
+    not divide. A dp_shard group (and the ep group inside it) stays inside one rack: its FSDP and
+    all-to-all traffic then runs on NVLink."""
+    g, hw = setup.gpus_per_rack, setup.hardware
+    if setup.gpus < 1:
+        raise VoyageError(f"gpus must be positive, got {setup.gpus}")
+    if setup.gpus > hw.gpus_per_rack and setup.gpus % hw.gpus_per_rack:
+        raise VoyageError(f"gpus: {setup.gpus} GPUs are not whole racks of {hw.gpus_per_rack} ({hw.name})")
+    if mesh.dp_shard > g:
+        raise VoyageError(f"dp_shard: {mesh.dp_shard} ranks do not fit in one rack of {g} GPUs (a dp_shard "
+                          f"group, and the expert-parallel group inside it, must stay on one rack's NVLink)")
+    if mesh.dp_shard % mesh.ep:
+        raise VoyageError(f"ep: {mesh.ep} does not divide dp_shard {mesh.dp_shard} (expert parallelism borrows its "
+                          f"ranks from dp_shard)")
+    per_rack = g // mesh.dp_shard
+    racks = -(-mesh.dp_replicate // per_rack)
+    if racks > setup.racks:
+        raise VoyageError(f"gpus: dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} needs {racks} racks "
+                          f"({per_rack} group{'s' * (per_rack > 1)} of {mesh.dp_shard} a rack); the cluster has "
+                          f"{setup.racks} ({setup.gpus} GPUs)")
+    return racks, min(per_rack, mesh.dp_replicate)
+
+
+def check(setup: Setup, choice: Choice) -> tuple[int, int]:
+    """Every divisibility the mesh needs (experts, batch, micro-batch, racks), one VoyageError
+    naming the first that fails; returns `placement`."""
+    m, cfg = choice.mesh, setup.model
+    if min(m.dp_replicate, m.dp_shard, m.ep, choice.microbatch) < 1:
+        raise VoyageError(f"mesh: dp_replicate, dp_shard, ep and microbatch must be positive ({choice.describe()})")
+    if cfg.n_experts % m.ep:
+        raise VoyageError(f"ep: {m.ep} does not divide the model's {cfg.n_experts} routed experts")
+    if choice.checkpointing not in MODES:
+        raise VoyageError(f"checkpointing must be one of {MODES}, got {choice.checkpointing!r}")
+    where = placement(setup, m)
+    if setup.batch % m.ranks:
+        raise VoyageError(f"batch: {setup.batch:,} sequences do not divide over the {m.ranks} data-parallel ranks of "
+                          f"dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard}")
+    share = setup.batch // m.ranks
+    if share % choice.microbatch:
+        raise VoyageError(f"microbatch: {choice.microbatch} does not divide the {share} sequences of each rank")
+    return where
+
+
+# -- estimate -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def layer_kinds(cfg: Any) -> dict[bool, int]:
+    """A layer of each kind the model has: is_global -> its index."""
+    return {cfg.is_global(i): i for i in range(cfg.n_layers)}
+
+
+@functools.lru_cache(maxsize=64)
+def n_global_layers(cfg: Any) -> int:
+    return sum(cfg.is_global(i) for i in range(cfg.n_layers))
+
+
+def formula_activations(setup: Setup, choice: Choice) -> Activations:
+    """The closed-form activation figures (steps/scale/memory.py) of a choice."""
+    cfg, t = setup.model, Tokens.of(setup.model, choice.microbatch, setup.context, choice.mesh.ep)
+    layers = layer_kinds(cfg)
+    mode = choice.checkpointing
+    return Activations(kept={g: mem.kept_bytes(cfg, i, t, mode) for g, i in layers.items()},
+                       working={g: mem.working_bytes(cfg, i, t, mode, choice.mesh) for g, i in layers.items()},
+                       head=mem.head_bytes(cfg, choice.microbatch, setup.context), source="formula")
+
+
+def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shards: mem.Shards | None = None,
+             sources: dict[str, str] | None = None) -> Plan:
+    """The plan of `choice`: memory rows, peak and step time. Shards and activations from the
+    closed forms unless measured ones are given."""
+    racks, per_rack = check(setup, choice)
+    cfg, m = setup.model, choice.mesh
+    acts = acts or formula_activations(setup, choice)
+    sh = shards or mem.shards(cfg, m)
+    params = sh.total(cfg.n_layers)
+    n_global = n_global_layers(cfg)
+    kept = n_global * acts.kept.get(True, 0) + (cfg.n_layers - n_global) * acts.kept.get(False, 0)
+    working = max(acts.working.values())
+    gathered = mem.gathered_block(sh, m)
+    ag = 2 * BF16 * gathered
+    rs = FP32 * gathered
+    t = Tokens.of(cfg, choice.microbatch, setup.context, m.ep)
+    a2a = BF16 * t.N * cfg.dim * (1 + setup.load_peak) if m.ep > 1 else 0
+    headroom = mem.imbalance_bytes(cfg, t, choice.checkpointing, setup.load_mean, setup.load_peak)
+    head_unit = BF16 * (sh.head * m.dp_shard)
+    static = FP32 * params * 2 + (0 if choice.optimizer_on_host else 2 * FP32 * params)
+    at_head = kept + headroom + head_unit + acts.head + BF16 * gathered  # the last block's weights prefetched
+    at_block = kept + headroom + working + ag + rs
+    reserve = setup.hardware.runtime_reserve_gb * 1e9
+    peak = static + reserve + max(at_head, at_block)
+    mb = choice.microbatch
+    rows = (
+        Row("parameters (fp32 shards)", FP32 * params, f"{params / 1e9:.2f}B elements on the largest rank"),
+        Row("gradients (fp32 shards)", FP32 * params, "sharded like the parameters (reduce-scatter every micro-batch)"),
+        Row("Adam moments (2 x fp32)", 0 if choice.optimizer_on_host else 2 * FP32 * params,
+            f"on the host ({2 * FP32 * params / GIB:.1f} GiB of {setup.hardware.host_gb:g} GB)"
+            if choice.optimizer_on_host else "on the GPU"),
+        Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
+            f"{choice.checkpointing} checkpointing, {acts.source}"),
+        Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
+        Row("  of which all-to-all buffers", a2a,
+            f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
+        Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
+        Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
+        Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
+            f"{setup.load_peak:g}x in one block's buffers (dropless)"),
+        Row("head and loss (own moment)", acts.head + head_unit,
+            f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
+        Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
+    )
+    time = step_time(cfg, m, setup.hardware, context=setup.context, share=setup.batch // m.ranks,
+                     microbatch=mb, checkpointing=choice.checkpointing, mfu=setup.mfu, replicas_per_rack=per_rack,
+                     racks=racks, optimizer_on_host=choice.optimizer_on_host, load=setup.load_mean, sh=sh)
+    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, rows=rows, peak=peak,
+                time=time, sources=sources or {"shards": "formula", "activations": acts.source})
+
+
+# -- search -------------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(setup: Setup) -> Iterator[Mesh]:
+    """Every mesh whose dp_shard group fits in a rack, whose ep divides the experts and dp_shard,
+    and whose ranks divide the batch (the remaining checks are `check`'s)."""
+    cfg, g = setup.model, setup.gpus_per_rack
+    for shard in range(1, g + 1):
+        for ep in _divisors(shard):
+            if cfg.n_experts % ep:
+                continue
+            for rep in range(1, setup.racks * (g // shard) + 1):
+                if setup.batch % (rep * shard) == 0:
+                    yield Mesh(rep, shard, ep)
+
+
+def _key(plan: Plan) -> tuple[float, int, float]:
+    """Fastest step; then fewer GPUs; then less memory."""
+    return (round(plan.time.total, 3), plan.ranks, plan.peak)
+
+
+def shortfall(plan: Plan, which: str = "its least-memory mesh") -> str:
+    """One line naming the memory a plan lacks."""
+    hw = plan.setup.hardware
+    need, have = plan.peak / GIB, hw.limit_bytes / GIB
+    return (f"the step does not fit on {plan.setup.gpus} GPUs: {which} ({plan.choice.describe()}) "
+            f"needs {need:,.1f} GiB a GPU, {need - have:,.1f} GiB more than {hw.hbm_limit:.0%} of the "
+            f"{hw.hbm_gb:g} GB of a {hw.name} GPU ({have:.1f} GiB)")
+
+
+def with_measurement(plan: Plan, acts: Activations, shards: mem.Shards) -> Plan:
+    """The same plan recomputed from measured shards and traced activations."""
+    return estimate(plan.setup, plan.choice, acts=acts, shards=shards,
+                    sources={"shards": "measured", "activations": acts.source})
+
+
+def check_fields(setup: Setup, dp_replicate: int, dp_shard: int, ep: int, microbatch: int) -> None:
+    """The divisibility errors of the fields a user gave (0: not given), by name, before any
+    search: the cluster's racks, experts over ep, ep inside dp_shard inside a rack, the batch
+    over the ranks, the micro-batch inside a rank's share."""
+    cfg, hw = setup.model, setup.hardware
+    if setup.gpus < 1:
+        raise VoyageError(f"gpus must be positive, got {setup.gpus}")
+    if setup.gpus > hw.gpus_per_rack and setup.gpus % hw.gpus_per_rack:
+        raise VoyageError(f"gpus: {setup.gpus} GPUs are not whole racks of {hw.gpus_per_rack} ({hw.name})")
+    if ep and cfg.n_experts % ep:
+        raise VoyageError(f"ep: {ep} does not divide the model's {cfg.n_experts} routed experts")
+    if dp_shard:
+        placement(setup, Mesh(dp_replicate or 1, dp_shard, ep or 1))
+    if dp_replicate and dp_shard:
+        check(setup, Choice(Mesh(dp_replicate, dp_shard, ep or 1), microbatch or 1, "full"))
+    elif dp_replicate and setup.batch % dp_replicate:
+        raise VoyageError(f"batch: {setup.batch:,} sequences do not divide over dp_replicate {dp_replicate}")
+
+
+def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
+         checkpointing: str = "auto", optimizer_on_host: tuple[bool, ...] = (False,)) -> tuple[Plan, list[Plan]]:
+    """The plan for the fields given (0 / "auto": the search's choice among the rest) and the
+    feasible alternatives, fastest first. One VoyageError naming what fails: a mesh that does not
+    divide, or none that fits (with the memory the least-memory one lacks)."""
+    if checkpointing not in (*MODES, "auto"):
+        raise VoyageError(f"checkpointing must be one of {MODES} or auto, got {checkpointing!r}")
+    fixed = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "ep": ep}
+    for name, value in (*fixed.items(), ("microbatch", microbatch)):
+        if value < 0:
+            raise VoyageError(f"{name} must be >= 0 (0: chosen by the plan), got {value}")
+    check_fields(setup, dp_replicate, dp_shard, ep, microbatch)
+
+    def wanted(c: Choice) -> bool:
+        m = c.mesh
+        return ((not dp_replicate or m.dp_replicate == dp_replicate) and (not dp_shard or m.dp_shard == dp_shard)
+                and (not ep or m.ep == ep) and (not microbatch or c.microbatch == microbatch)
+                and checkpointing in ("auto", c.checkpointing))
+
+    feasible: list[Plan] = []
+    smallest: Plan | None = None
+    for mesh in meshes(setup):
+        if not wanted(Choice(mesh, microbatch or 1, "full" if checkpointing == "auto" else checkpointing)):
+            continue
+        try:
+            placement(setup, mesh)
+        except VoyageError:
+            continue
+        share = setup.batch // mesh.ranks
+        for mb in ([microbatch] if microbatch else _divisors(share)):
+            if share % mb:
+                continue
+            for mode in (MODES if checkpointing == "auto" else (checkpointing,)):
+                for host in optimizer_on_host:
+                    plan = estimate(setup, Choice(mesh, mb, mode, host))
+                    if plan.fits:
+                        feasible.append(plan)
+                    elif smallest is None or plan.peak < smallest.peak:
+                        smallest = plan
+    if not feasible:
+        if smallest is None:
+            raise VoyageError(f"no mesh of the {setup.gpus} GPUs divides the batch of {setup.batch:,} sequences with "
+                              f"the given {', '.join(f'{k} {v}' for k, v in fixed.items() if v) or 'fields'}")
+        given = all((dp_replicate, dp_shard, ep, microbatch)) and checkpointing != "auto"
+        raise VoyageError(shortfall(smallest, "the mesh asked for" if given else "its least-memory mesh"))
+    ranked = _rank(feasible)
+    per_mesh: dict[Mesh, Plan] = {}
+    for p in ranked[1:]:
+        if p.choice.mesh != ranked[0].choice.mesh:
+            per_mesh.setdefault(p.choice.mesh, p)
+    same_mesh = [p for p in ranked[1:] if p.choice.mesh == ranked[0].choice.mesh][:2]
+    return ranked[0], [ranked[0], *same_mesh, *list(per_mesh.values())]
+
+
+def _rank(plans: list[Plan]) -> list[Plan]:
+    """Fastest first; a plan within TIE of the fastest and lighter on memory goes first."""
+    ranked = sorted(plans, key=_key)
+    close = [p for p in ranked if p.time.total <= ranked[0].time.total * (1 + TIE)]
+    pick_ = min(close, key=lambda p: (p.peak, p.ranks))
+    ranked.remove(pick_)
+    return [pick_, *ranked]

@@ -1,0 +1,149 @@
+"""The plan's closed forms, checks and search (torch-free parts): FLOPs, divisibility errors by
+name, the choice on the 11 racks, what the 8-GPU cluster lacks, and the step-time arithmetic."""
+
+import dataclasses
+
+import pytest
+
+from executor import VoyageError
+from steps.moe.config import PRESETS, flops_per_token, mean_keys, param_counts
+from steps.scale import memory as mem
+from steps.scale.comms import block_flops_per_token, recompute_flops_per_token
+from steps.scale.hardware import GIB
+from steps.scale.plan import Choice, Mesh, Setup, check, estimate, pick
+
+BIG = PRESETS["535b-a23b"]
+FULL = Setup(model=BIG, batch=11_264, context=4095, gpus=792)
+
+
+def _flops_by_loop(cfg, context):
+    """The trainer's former formula, position by position: the closed form must equal it."""
+    _, active = param_counts(cfg)
+    attn = 0.0
+    for layer in range(cfg.n_layers):
+        window = context if cfg.is_global(layer) else min(cfg.sliding_window, context)
+        attn += 12 * cfg.n_heads * cfg.head_dim * sum(min(i + 1, window) for i in range(context)) / context
+    return 6.0 * (active - cfg.vocab_size * cfg.dim) + attn
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("context", [1, 7, 8, 9, 64, 2048, 2049, 4095])
+def test_flops_per_token_is_the_trainers_formula(name, context):
+    from steps.train import tracking
+
+    cfg = PRESETS[name]
+    assert flops_per_token(cfg, context) == pytest.approx(_flops_by_loop(cfg, context), rel=1e-12)
+    assert tracking.flops_per_token is flops_per_token  # the MFU the trainer logs uses this very function
+
+
+def test_mean_keys_edges():
+    assert mean_keys(0, 8) == 0 and mean_keys(1, 8) == 1 and mean_keys(5, 0) == 3  # 0: global
+    assert mean_keys(4095, 2048) == pytest.approx(1536.1, abs=0.1)
+
+
+def test_block_flops_split_adds_up_to_the_formula():
+    fwd, routed = block_flops_per_token(BIG, 4095)
+    head = 6 * BIG.vocab_size * BIG.dim
+    norms = 6 * (2 * 48 + 1) * 6144  # the trainer's formula counts the norm gains among the weights
+    assert 3 * fwd + head + norms == pytest.approx(flops_per_token(BIG, 4095), rel=1e-12)
+    assert routed == 2 * 48 * 8 * 3 * 6144 * 1536
+    assert recompute_flops_per_token(BIG, 4095, "full") == fwd
+    assert recompute_flops_per_token(BIG, 4095, "none") == 0
+    # selective recomputes the three output projections: a third of the blocks' weights a token uses
+    assert recompute_flops_per_token(BIG, 4095, "selective") == 2 * 48 * (6144 * 6144 + 6144 * 6144 + 8 * 6144 * 1536)
+
+
+def test_closed_form_shards_of_the_anchor_mesh():
+    sh = mem.shards(BIG, Mesh(11, 64, 64))
+    total, _ = param_counts(BIG)
+    # 6 whole experts a GPU; everything else split 64 ways (every dimension divides: no padding)
+    assert sh.experts_per_block == 6 * 3 * 6144 * 1536
+    assert 64 * (48 * sh.dense_per_block + sh.embed + sh.head) == total - 48 * 384 * 3 * 6144 * 1536
+    assert sh.total(48) == 8_340_563_040
+
+
+def test_uneven_shards_take_the_largest_rank():
+    cfg = PRESETS["small"]  # dim 1024 over 48 ranks: 21.3 rows -> 22; 64 experts over ep 16 x efsdp 3: 4 -> 2
+    sh = mem.shards(cfg, Mesh(11, 48, 16))
+    assert sh.experts_per_block == 3 * 2 * 256 * 1024
+    assert sh.embed == -(-cfg.vocab_size // 48) * 1024
+    # efsdp larger than the experts a rank holds: split the expert's rows (dim 1), no padding rows
+    assert mem.shards(cfg, Mesh(1, 64, 8)).experts_per_block == 3 * 8 * (256 * 1024 // 8)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(ep=7), "ep: 7 does not divide the model's 384 routed experts"),
+    (dict(dp_shard=80), "dp_shard: 80 ranks do not fit in one rack of 72 GPUs"),
+    (dict(dp_shard=64, ep=48), "ep: 48 does not divide dp_shard 64"),
+    (dict(dp_replicate=12, dp_shard=64), "gpus: dp_replicate 12 x dp_shard 64 needs 12 racks"),
+    (dict(dp_replicate=10, dp_shard=64), "batch: 11,264 sequences do not divide over the 640 data-parallel ranks"),
+    (dict(dp_replicate=11, dp_shard=64, ep=64, microbatch=3), "microbatch: 3 does not divide the 16 sequences"),
+])
+def test_a_mesh_that_does_not_divide_is_named(fields, message):
+    with pytest.raises(VoyageError, match=message):
+        pick(FULL, **fields)
+
+
+def test_one_rack_fits_the_same_shards_and_zero_gpus_is_refused():
+    plan, _ = pick(dataclasses.replace(FULL, gpus=72))  # replicas add no memory a GPU: one rack fits, slower
+    assert plan.ranks == 64 and plan.choice.mesh.dp_replicate == 1 and plan.fits
+    assert plan.time.total > 10 * pick(FULL)[0].time.total
+    with pytest.raises(VoyageError, match="gpus must be positive, got 0"):
+        pick(dataclasses.replace(FULL, gpus=0))
+
+
+def test_gpus_must_be_whole_racks():
+    with pytest.raises(VoyageError, match="gpus: 700 GPUs are not whole racks of 72"):
+        pick(dataclasses.replace(FULL, gpus=700))
+    with pytest.raises(VoyageError, match="batch: 11,264 sequences do not divide over the 7 data-parallel ranks"):
+        check(dataclasses.replace(FULL, gpus=7), Choice(Mesh(1, 7, 1), 1, "full"))
+
+
+def test_eight_gpus_name_the_memory_they_lack():
+    with pytest.raises(VoyageError) as err:
+        pick(dataclasses.replace(FULL, gpus=8))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("the step does not fit on 8 GPUs")
+    # the leanest mesh: 533.8B parameters over 8 GPUs, 16 bytes each (fp32 weights, grads, 2 moments)
+    need = float(text.split(" needs ")[1].split(" GiB")[0].replace(",", ""))
+    assert need > 16 * param_counts(BIG)[0] / 8 / GIB
+    assert "more than 90% of the 186 GB" in text
+
+
+def test_the_search_picks_one_expert_mesh_a_rack():
+    plan, alternatives = pick(FULL)
+    m = plan.choice.mesh
+    assert (m.dp_replicate, m.dp_shard, m.ep) == (11, 64, 64) and plan.ranks == 704
+    assert plan.racks == 11 and plan.replicas_per_rack == 1  # 8 GPUs a rack spare
+    assert plan.fits and plan.peak <= FULL.hardware.limit_bytes
+    assert alternatives[0] is plan and all(p.fits for p in alternatives)
+    assert len({p.choice for p in alternatives}) == len(alternatives) >= 3
+    # fastest first, but a lighter plan within 2% of the fastest wins
+    assert all(plan.time.total <= p.time.total * 1.02 for p in alternatives)
+
+
+def test_step_time_parts():
+    plan = estimate(FULL, Choice(Mesh(11, 64, 64), 2, "full"))
+    t = plan.time
+    tokens = 16 * 4095
+    assert t.compute == pytest.approx(tokens * flops_per_token(BIG, 4095) / (2.5e15 * 0.229))
+    assert t.recompute == pytest.approx(t.compute * recompute_flops_per_token(BIG, 4095, "full")
+                                        / flops_per_token(BIG, 4095))
+    a2a = next(c for c in t.collectives if c.name == "expert all-to-all")
+    # per micro-batch and layer: dispatch and combine, forward, backward and the full recompute;
+    # each sends 2 x 4095 tokens x 8 experts x 6144 x bf16, all but the 1/64 that stay, at 1.1x load
+    assert a2a.calls == 8 * 48 * 6 and a2a.link == "nvlink"
+    assert a2a.bytes == pytest.approx(a2a.calls * 2 * 4095 * 8 * 6144 * 2 * 63 / 64 * 1.1)
+    assert a2a.exposed == a2a.seconds
+    net = next(c for c in t.collectives if c.link == "network")
+    # ring all-reduce of the fp32 gradient shards across 11 racks: 2 x 10/11 of them
+    assert net.bytes == pytest.approx(2 * 4 * 8_340_563_040 * 10 / 11)
+    assert t.total == pytest.approx(t.compute + t.recompute + t.imbalance + t.exposed + t.optimizer)
+    assert plan.predicted_mfu < 0.229
+
+
+def test_more_memory_is_refused_by_the_limit():
+    plan = estimate(FULL, Choice(Mesh(11, 64, 64), 16, "none"))
+    assert not plan.fits and plan.peak > FULL.hardware.limit_bytes
+    with pytest.raises(VoyageError, match="the mesh asked for .* no checkpointing"):
+        pick(FULL, dp_replicate=11, dp_shard=64, ep=64, microbatch=16, checkpointing="none")

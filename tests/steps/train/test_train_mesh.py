@@ -1,0 +1,167 @@
+"""Meshes with real processes over gloo: the same numerics on any mesh (issue 12, items 1 and 4)
+and topology-aware ranks on a real Ray cluster (item 3).
+
+Twenty steps of the tiny preset, 16 sequences a step, on: one process; 4 processes as ep=4
+(dp_shard 4, the experts two a rank, the rest FSDP-sharded four ways); 4 processes as
+dp_replicate 2 x dp_shard 2 with ep=2 (HSDP, two micro-batches a step, so the cross-replica
+all-reduce waits for the last one). Processes: `steps.train.launch.spawn`, the launcher a step
+uses when Ray is not running. Every run is the real Trainer, from a model built on `meta`,
+sharded there and initialized by parameter name. Then the ep=4 run's step-10 checkpoint is
+loaded on the HSDP mesh, on 2 processes as ep=2 (which resume from it and train on), and on one
+process (which resumes too).
+
+Racks: a `ray.cluster_utils.Cluster` whose two nodes carry the rack labels "r1" and "r0"
+(rack_host.py, a process of its own), a pretrain step on 4 Ray Train workers (gloo) as
+dp_replicate 2 x dp_shard 2 with ep=2. The step asks Ray for its workers rack by rack in whole
+expert-parallel groups, every worker reports its place, and the mesh is built from the ranks
+sorted by (rack, node, local index): the racks come in order, and every expert-parallel group and
+every replica stays inside one rack. (Sorting and checks on scrambled places are unit tests in
+test_train_parallel.py.) The cluster starts first and runs beside the gloo runs: most of its
+time is Ray starting processes, which overlaps well.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from meshkit import config, losses, run_eval, run_mesh, seed_checkpoint  # noqa: E402
+from trainkit import make_mixture  # noqa: E402
+
+from steps.train.config import ParallelConfig  # noqa: E402
+
+TOLERANCE = 1e-5  # relative difference of a step's loss
+RACK_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rack_host.py")
+
+
+@pytest.fixture(scope="module")
+def racks(tokens, tmp_path_factory):
+    """The two-rack cluster's run, started now, read when a test asks (`racks()`)."""
+    root = tmp_path_factory.mktemp("racks")
+    mix = make_mixture(tokens, root / "mix", sequences=32, stages=((1.0, {"kjv": 1.0}),))  # 2 steps
+    # A Ray root of its own: the cluster must neither join nor be found by any other Ray here.
+    ray_tmp = tempfile.mkdtemp(prefix="mr", dir="/tmp")
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_TMPDIR": ray_tmp}
+    proc = subprocess.Popen([sys.executable, RACK_HOST, mix, str(root / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+    def result():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    yield result
+    if proc.poll() is None:  # a test failed first: stop the host and the Ray processes it started
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tokens, racks, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mesh")
+    mix = make_mixture(tokens, root / "mix", sequences=320, stages=((1.0, {"kjv": 1.0}),))  # 20 steps of 16
+    out = {"one": run_mesh(config(mix, ParallelConfig()), str(root / "one"), 1),
+           "ep4": run_mesh(config(mix, ParallelConfig(ep=4)), str(root / "ep4"), 4)}
+    ckpt = f"{out['ep4']}/checkpoints/step-10"
+    out["hsdp"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2),
+                           str(root / "hsdp"), 4, load=ckpt)
+    for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1),
+                              ("ep2-moments", ParallelConfig(ep=2, offload="moments"), 2)):
+        seed_checkpoint(out["ep4"], 10, str(root / name))
+        out[name] = run_mesh(config(mix, pc), str(root / name), workers)
+    out["eval-one"] = run_eval(out["ep4"], str(root / "eval-one"), 1, ParallelConfig())
+    out["eval-ep2"] = run_eval(out["ep4"], str(root / "eval-ep2"), 2, ParallelConfig(ep=2))
+    return out
+
+
+def _state(run, name):
+    return torch.load(f"{run}/dumps/{name}.pt")
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, differ
+
+
+def test_initial_weights_are_the_same_on_1_2_and_4_ranks(runs):
+    one = _state(runs["one"], "init")
+    assert "blocks.3.moe.w1_EFD" in one and tuple(one["blocks.3.moe.w1_EFD"].shape) == (8, 32, 64)
+    for run in ("ep4", "hsdp", "ep2-resumed"):  # 4, 4 and 2 ranks
+        _same(one, _state(runs[run], "init"))
+
+
+def _close(got, want, steps):
+    for s in steps:
+        assert abs(got[s] - want[s]) <= TOLERANCE * abs(want[s]), (s, got[s], want[s])
+
+
+def test_the_loss_trajectory_is_the_same_on_any_mesh(runs):
+    ref = losses(runs["one"])
+    assert sorted(ref) == list(range(1, 21)) and ref[20] < ref[1] - 0.5
+    _close(losses(runs["ep4"]), ref, range(1, 21))
+    _close(losses(runs["hsdp"]), ref, range(1, 21))
+
+
+def test_an_ep4_checkpoint_loads_on_ep2_and_one_process_and_training_resumes(runs):
+    # the same full state on every mesh it is loaded on
+    loaded = _state(runs["hsdp"], "loaded")
+    _same(loaded, _state(runs["ep2-resumed"], "resumed"))
+    _same(loaded, _state(runs["one-resumed"], "resumed"))
+    assert not torch.equal(loaded["blocks.0.moe.w1_EFD"], _state(runs["one"], "init")["blocks.0.moe.w1_EFD"])
+    # and training goes on from it as it went on from it on ep=4
+    want = losses(runs["ep4"])
+    for run in ("ep2-resumed", "one-resumed"):
+        got = losses(runs[run])
+        assert sorted(got) == list(range(11, 21))
+        _close(got, want, range(11, 21))
+
+
+def _checkpoint(run, step, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = tmp_path / f"{os.path.basename(run)}-{step}.pt"
+    dcp_to_torch_save(f"{run}/checkpoints/step-{step}", str(path))
+    state = torch.load(path, weights_only=False)
+    return {**{f"model.{k}": v for k, v in state["model"].items()},
+            **{f"optim.{fqn}.{k}": v for fqn, kv in state["optim"]["state"].items() for k, v in kv.items()}}
+
+
+def test_adamw_moments_on_the_host_are_bitwise_plain_adamw_with_expert_parallelism(runs, tmp_path):
+    # both resumed the ep=4 step-10 checkpoint (written without offload) on 2 processes as ep=2
+    assert losses(runs["ep2-moments"]) == losses(runs["ep2-resumed"])
+    _same(_state(runs["ep2-moments"], "resumed"), _state(runs["ep2-resumed"], "resumed"))
+    # the step-20 checkpoint written with the offload holds the same tensors under the same keys
+    with_offload = _checkpoint(runs["ep2-moments"], 20, tmp_path)
+    without = _checkpoint(runs["ep2-resumed"], 20, tmp_path)
+    assert any(".exp_avg_sq" in k for k in with_offload)
+    _same(with_offload, without)
+
+
+def test_eval_loads_the_checkpoint_sharded_on_its_own_workers(runs):
+    one, two = runs["eval-one"], runs["eval-ep2"]
+    assert (one["workers"], two["workers"], one["step"]) == (1, 2, 20)
+    assert one["datasets"]["kjv"]["sequences"] == two["datasets"]["kjv"]["sequences"] == 24  # 12 a rank
+    assert abs(one["loss"] - two["loss"]) <= 1e-6 * one["loss"] and one["loss"] < 6.2  # < ln 512: it learnt
+
+
+def test_workers_are_ordered_by_rack_and_no_ep_group_crosses_one(runs, racks):
+    got = racks()
+    mesh, racks_of = got["mesh"], got["nodes"]
+    places = mesh["places"]  # in mesh order
+    assert (mesh["dp_replicate"], mesh["dp_shard"], mesh["ep"]) == (2, 2, 2)
+    assert sorted(mesh["ranks"]) == [0, 1, 2, 3]
+    assert [p["rack"] for p in places] == ["r0", "r0", "r1", "r1"]
+    assert all(racks_of[p["node"]] == p["rack"] for p in places)  # each worker ran where its label says
+    keys = [(p["rack"], p["node"], p["local"]) for p in places]
+    assert keys == sorted(keys)
+    for group in (places[0:2], places[2:4]):  # the ep groups, and the dp_shard groups of each replica
+        assert len({p["rack"] for p in group}) == 1
