@@ -39,8 +39,8 @@ def run_hf_tasks(folder: str, cfg: Any, device: Any, batch_size: int) -> dict[st
                           "(pip install -e '.[eval]')") from e
     manager = TaskManager(include_path=cfg.include_path, include_defaults=cfg.include_path is None)
     with local_folder(folder) as path:
-        model_args = {"pretrained": path, "trust_remote_code": True, "device": str(device), "dtype": "auto",
-                      "max_gen_toks": cfg.max_gen_tokens}
+        # HFLM generates up to 256 tokens unless the task's generation_kwargs say max_gen_toks.
+        model_args = {"pretrained": path, "trust_remote_code": True, "device": str(device), "dtype": "auto"}
         out = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=list(cfg.tasks),
                                       num_fewshot=cfg.num_fewshot, limit=cfg.limit, batch_size=batch_size,
                                       task_manager=manager, log_samples=False, bootstrap_iters=0)

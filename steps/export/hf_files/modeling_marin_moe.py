@@ -191,7 +191,7 @@ class MarinMoePreTrainedModel(PreTrainedModel):
     _no_split_modules = ["MarinMoeDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     # The router decides in fp32 whatever dtype the rest is loaded in (the bias steps are ~1e-3).
-    _keep_in_fp32_modules_strict = ["gate"]
+    _keep_in_fp32_modules_strict = ["mlp.gate.weight", "mlp.gate.e_score_correction_bias"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
