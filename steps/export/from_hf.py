@@ -76,6 +76,8 @@ def weight_files(hf: str) -> dict[str, Any]:
             files[name] = SafetensorsFile(f"{base}/{name}")
         except FileNotFoundError as e:
             raise VoyageError(f"import: {hf}: {name} is named by {INDEX} but missing") from e
+        except (ValueError, KeyError, UnicodeDecodeError) as e:
+            raise VoyageError(f"import: {hf}: {name} is not a whole safetensors file: {e}") from e
     if weight_map is not None:
         for tensor, name in weight_map.items():
             if tensor not in files[name].entries:
@@ -143,3 +145,32 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting a training phase from an imported checkpoint (steps/train/pretrain.py and loop.py).
+
+# MoEConfig fields that do not change the function the weights compute.
+_TRAINING_ONLY = ("router_impl", "z_loss_coef", "aux_loss_coef", "bias_update_rate", "max_seq_len", "init_std",
+                  "expert_align")
+
+
+def check_weights_only(meta: dict[str, Any], model_config: Any, field: str) -> None:
+    """VoyageError naming `field` when an imported checkpoint's model computes another function
+    than `model_config` (a window, a theta, a router setting: what shapes alone do not show)."""
+    differ = [f"{k}: {v!r} vs {getattr(model_config, k)!r}" for k, v in sorted(meta["model"].items())
+              if k not in _TRAINING_ONLY and hasattr(model_config, k) and getattr(model_config, k) != v]
+    if differ:
+        raise VoyageError(f"{field}: the imported model is not the one configured (imported vs configured: "
+                          f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''})")
+
+
+def start_schedule_at(scheduler: Any, step: int) -> None:
+    """Put a fresh LambdaLR at optimizer step `step`, as if it had been stepped that many times
+    (a phase that starts from imported weights keeps the run's schedule)."""
+    import warnings
+
+    scheduler.last_epoch = step - 1
+    with warnings.catch_warnings():  # no optimizer step has been taken yet, on purpose
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()

@@ -103,6 +103,10 @@ class SafetensorsFile:
         self.metadata = header.pop("__metadata__", {}) or {}
         self.start = 8 + n
         self.entries = header
+        end = max((v["data_offsets"][1] for v in header.values()), default=0)
+        size = self.fs.size(self.path)
+        if size != self.start + end:  # cut short (or padded): refuse before anything is read from it
+            raise ValueError(f"{url} is {size} bytes, its header says {self.start + end}")
 
     def names(self) -> list[str]:
         return list(self.entries)
