@@ -39,6 +39,7 @@ class HarnessConfig:
     num_fewshot: int | None = None
     limit: int | None = None  # documents per task
     max_gen_tokens: int = 32
+    hf_model: str | None = None  # an export_hf output: also run the tasks through lm-eval's own `hf` model on it
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,10 @@ def evaluate(config: EvalConfig, ctx: StepContext) -> None:
         from steps.train.harness import run_tasks
 
         results["harness"] = run_tasks(model, tokenizer_url, meta, config.harness, device, config.batch_size)
+        if config.harness.hf_model is not None:
+            from steps.export.harness_hf import run_hf_tasks
+
+            results["harness_hf"] = run_hf_tasks(config.harness.hf_model, config.harness, device, config.batch_size)
     with ctx.open("results.json", "w") as f:
         json.dump(results, f, indent=1, sort_keys=True, default=float)
     ctx.results.update(results)
