@@ -122,6 +122,7 @@ def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer
     from steps.export.names import hf_config, hf_pieces
     from steps.export.safetensors_io import Entry, plan_shards, write_file
     from steps.export.tokenizer import hf_tokenizer_files, token_ids
+    from steps.moe.config import param_counts
     from steps.moe.model import MoETransformer
     from steps.train.checkpoint import check_shapes
 
@@ -151,7 +152,7 @@ def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer
         weight_map.update({e.name: name for e in shard})
         log("export_hf: wrote %s (%d tensors)", name, len(shard))
     data_bytes = sum(e.nbytes for e in entries)
-    n_params = sum(e.nbytes // e.dtype.itemsize for e in entries)
+    n_params = param_counts(model_config)[0]  # the selection biases are buffers, not parameters
     files = {
         INDEX: {"metadata": {"total_size": data_bytes, "total_parameters": n_params}, "weight_map": weight_map},
         "config.json": hf_config(model_config, context=context, dtype=dtype, bos_id=ids["bos"], eos_id=ids["eos"],
