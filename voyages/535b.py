@@ -6,7 +6,7 @@
 Full scale (public figures, DESIGN.md): declared public sources -> ingest -> dedup -> tokenize
 (the 128,256-token Llama 3 vocabulary, pinned into the prefix) -> mixture (15T tokens of
 pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23B, batch
-11,264 x 4096, 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval.
+11,264 x 4096, 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval, and the Hugging Face export.
 
 Laptop (`--laptop`): the same steps and edges over the bundled corpus (data/corpus: the King James
 Bible and the Python 3.11 documentation), a byte-level BPE trained on it instead of the pinned
@@ -27,6 +27,7 @@ from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
+from steps.export.to_hf import ExportHFConfig, export_hf
 from steps.moe.config import PRESETS, MoEConfig, param_counts
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrainConfig, TrainerConfig
 from steps.train.eval import EvalConfig, evaluate
@@ -165,7 +166,8 @@ def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens:
 
 
 def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
-    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval."""
+    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
+    the Hugging Face export of the midtrained model."""
     scale = scale_of(config)
     train = TrainConfig(
         data=DataConfig(mixture=output_of(mix), batch_size=scale.batch_size),
@@ -179,11 +181,17 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
                resources=scale.train_resources, retry=RetryPolicy(max_node_failures=10))
     ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid)), resources=scale.eval_resources)
-    return [pre, mid, ev]
+    # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
+    # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
+    ex = Step(f"export/{name}", export_hf, ExportHFConfig(
+        checkpoint=output_of(mid), dtype="float32" if config.laptop else "bfloat16",
+        pad_token="<|pad|>" if config.laptop else None),
+        resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64))
+    return [pre, mid, ev, ex]
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
-    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval."""
+    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval, export."""
     scale = scale_of(config)
     _tok, tokenized = data_steps(config)
     mix = mixture_step(config, tokenized, scale.pretrain_tokens + scale.midtrain_tokens)
