@@ -22,6 +22,7 @@ DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", to
           torch.bool: "BOOL"}
 DTYPES_BACK = {v: k for k, v in DTYPES.items()}
 _ALIGN = 8  # the header is padded with spaces so the data starts 8-byte aligned
+CONVERT_BLOCK = 1 << 24  # elements converted and written at a time (64 MB of fp32)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ def header_bytes(entries: list[Entry]) -> bytes:
 
 def write_file(url: str, entries: list[Entry], tensors: Iterable[torch.Tensor]) -> int:
     """Write one safetensors file: the header for `entries`, then each tensor of `tensors` (one
-    per entry, in order, each checked against its entry). Returns the bytes written."""
+    per entry, in order, each checked against its entry's shape and converted to its dtype on the
+    way out). Returns the bytes written."""
     written = 0
     with fsspec.open(url, "wb") as f:
         head = header_bytes(entries)
@@ -78,10 +80,14 @@ def write_file(url: str, entries: list[Entry], tensors: Iterable[torch.Tensor]) 
             t = next(stream, None)
             if t is None:
                 raise ValueError(f"{url}: no tensor for {e.name}")
-            if tuple(t.shape) != e.shape or t.dtype != e.dtype:
+            if tuple(t.shape) != e.shape or not (t.dtype == e.dtype or t.is_floating_point() == e.dtype.is_floating_point):
                 raise ValueError(f"{url}: {e.name} is {tuple(t.shape)} {t.dtype}, planned {e.shape} {e.dtype}")
-            if e.nbytes:
-                f.write(memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
+            flat = t.detach().reshape(-1)
+            # Converted (when the dtypes differ) and written a block at a time: no second copy of a
+            # large tensor in the target dtype.
+            for lo in range(0, flat.numel(), CONVERT_BLOCK):
+                block = flat[lo:lo + CONVERT_BLOCK].to(e.dtype).contiguous()
+                f.write(memoryview(block.view(torch.uint8).numpy()))
             written += e.nbytes
             del t  # hold nothing while the next tensor is made
         if next(stream, None) is not None:

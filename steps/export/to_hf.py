@@ -139,11 +139,11 @@ def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer
 
     def tensors() -> Iterator[torch.Tensor]:
         held_fqn, held = None, None
-        for piece, entry in zip(pieces, entries):
+        for piece in pieces:
             if piece.fqn != held_fqn:
                 held = None  # drop the last tensor before reading the next
                 held_fqn, held = piece.fqn, reader.load(piece.fqn)
-            yield (held if piece.expert is None else held[piece.expert]).to(entry.dtype)
+            yield held if piece.expert is None else held[piece.expert]  # write_file converts to entry.dtype
 
     stream = tensors()
     weight_map, total = {}, 0

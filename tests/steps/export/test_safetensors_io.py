@@ -55,3 +55,15 @@ def test_a_stream_that_does_not_match_its_plan_is_refused(tmp_path):
     (tmp_path / "junk").write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError, match="not a safetensors file"):
         SafetensorsFile(str(tmp_path / "junk"))
+
+
+def test_tensors_are_converted_to_their_entry_dtype_block_by_block(tmp_path, monkeypatch):
+    import steps.export.safetensors_io as sio
+
+    monkeypatch.setattr(sio, "CONVERT_BLOCK", 7)  # several blocks, the last one short
+    x = torch.randn(5, 9)
+    write_file(str(tmp_path / "c"), [Entry("x", (5, 9), torch.bfloat16)], iter([x]))
+    with safe_open(str(tmp_path / "c"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("x"), x.bfloat16())
+    with pytest.raises(ValueError, match="planned"):  # no silent float <-> int conversion
+        write_file(str(tmp_path / "d"), [Entry("x", (2,), torch.float32)], iter([torch.arange(2)]))
