@@ -44,8 +44,14 @@ def exported(laptop, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def hf_modules(tmp_path_factory):
+    """Set before these tests import transformers, which reads it once, at import."""
+    old = os.environ.get("HF_MODULES_CACHE")
     os.environ["HF_MODULES_CACHE"] = str(tmp_path_factory.mktemp("hf-modules"))
-    return os.environ["HF_MODULES_CACHE"]
+    yield os.environ["HF_MODULES_CACHE"]
+    if old is None:
+        os.environ.pop("HF_MODULES_CACHE", None)
+    else:
+        os.environ["HF_MODULES_CACHE"] = old
 
 
 @pytest.fixture(scope="session")
