@@ -142,3 +142,21 @@ def test_broken_folders_are_one_clear_error(exported, tmp_path):
         src = broken(edit.__name__, edit)
         with pytest.raises(VoyageError, match=message):
             run_step(import_hf, ImportHFConfig(hf=src), tmp_path / f"out-{edit.__name__}")
+
+
+def test_exporting_the_import_gives_the_same_files(laptop, exported, imported, tmp_path):
+    """export(import(export(x))) == export(x), byte for byte (an import names no training data, so
+    the tokenizer and its special tokens are given)."""
+    import os
+
+    from steps.export.to_hf import ExportHFConfig, export_hf
+
+    with pytest.raises(VoyageError, match="export_hf.tokenizer: the checkpoint names no training data"):
+        run_step(export_hf, ExportHFConfig(checkpoint=imported), tmp_path / "no-tokenizer")
+    again = tmp_path / "again"
+    run_step(export_hf, ExportHFConfig(checkpoint=imported, tokenizer=laptop["tokens"]["tokenizer"],
+                                       eos_token="<|eos|>", pad_token="<|pad|>", max_shard_bytes=200_000), again)
+    first = sorted(f for f in os.listdir(exported["path"]) if f != "README.md")
+    assert sorted(f for f in os.listdir(again) if f != "README.md") == first
+    for name in first:
+        assert (again / name).read_bytes() == open(os.path.join(exported["path"], name), "rb").read(), name
