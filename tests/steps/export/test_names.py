@@ -60,3 +60,12 @@ def test_unknown_names_and_edited_configs_are_errors():
         moe_config({**hf, "layer_types": ["full_attention", "sliding_attention"] * 2}, "x")
     with pytest.raises(VoyageError, match="has no 'head_dim'"):
         moe_config({k: v for k, v in hf.items() if k != "head_dim"}, "x")
+
+
+def test_export_step_modules_import_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, steps.export, steps.export.names, steps.export.to_hf, steps.export.from_hf; "
+            "bad = [m for m in ('torch', 'transformers', 'ray') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
