@@ -91,10 +91,22 @@ def test_transformers_logits_match_ours(hf_model, laptop):
         got_BSV = model(x_BS).logits
     assert got_BSV.dtype == torch.float32
     assert (got_BSV - want_BSV).abs().max().item() <= 1e-4
-    # the selection bias is in the export and used: zeroing it changes the logits
-    bias = model.model.layers[0].mlp.gate.e_score_correction_bias
-    assert bias.abs().max() > 0
-    assert torch.equal(bias, ours.blocks[0].moe.expert_bias_E)
+    # the selection bias is exported and used to select only: zeroing it changes the logits, a
+    # shift common to every expert (which selects the same experts) changes nothing
+    gates = [layer.mlp.gate for layer in model.model.layers]
+    assert all(torch.equal(g.e_score_correction_bias, b.moe.expert_bias_E) for g, b in zip(gates, ours.blocks))
+    saved = [g.e_score_correction_bias.clone() for g in gates]
+    with torch.no_grad():
+        for g in gates:
+            g.e_score_correction_bias.add_(0.25)
+        shifted = model(x_BS).logits
+        for g in gates:
+            g.e_score_correction_bias.zero_()
+        zeroed = model(x_BS).logits
+        for g, b in zip(gates, saved):
+            g.e_score_correction_bias.copy_(b)
+    assert (shifted - got_BSV).abs().max().item() <= 1e-5
+    assert (zeroed - got_BSV).abs().max().item() > 1e-3
 
 
 def test_padded_batch_and_cache_agree_with_one_pass(hf_model, laptop):
@@ -156,7 +168,6 @@ def test_generate_20_tokens_is_our_greedy_decoding(hf_model, laptop):
 def test_bf16_export_keeps_the_router_in_fp32(laptop, tmp_path, hf_modules):
     from transformers import AutoModelForCausalLM
 
-    from executor import StepContext  # noqa: F401
     from steps.export.to_hf import ExportHFConfig, export_hf
     from trainkit import run_step
 
