@@ -7,7 +7,7 @@
 Full scale (public figures, DESIGN.md): declared public sources -> ingest -> dedup -> tokenize
 (the 128,256-token Llama 3 vocabulary, pinned into the prefix) -> mixture (15T tokens of
 pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23B, batch
-11,264 x 4096, on 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval.
+11,264 x 4096, on 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval, and the Hugging Face export.
 
 The training step's mesh, micro-batch and checkpointing come from the plan (steps/scale,
 docs/training.md "The plan at full scale"): every mesh that divides the batch, the experts and
@@ -36,6 +36,7 @@ from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
+from steps.export.to_hf import ExportHFConfig, export_hf
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
 from steps.scale.hardware import GB200_NVL72
 from steps.scale.plan import ANCHOR, Setup
@@ -217,7 +218,8 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
 
 
 def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
-    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval."""
+    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
+    the Hugging Face export of the midtrained model."""
     scale = scale_of(config)
     trainer, resources = trainer_of(config, scale)
     train = TrainConfig(
@@ -231,11 +233,17 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
                resources=resources, retry=RetryPolicy(max_node_failures=10))
     ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid)), resources=scale.eval_resources)
-    return [pre, mid, ev]
+    # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
+    # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
+    ex = Step(f"export/{name}", export_hf, ExportHFConfig(
+        checkpoint=output_of(mid), dtype="float32" if config.laptop else "bfloat16",
+        pad_token="<|pad|>" if config.laptop else None),
+        resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64))
+    return [pre, mid, ev, ex]
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
-    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval. At full
+    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval, export. At full
     scale the training step's mesh is planned first: a plan that does not divide or fit stops
     the voyage here (VoyageError: exit 2)."""
     scale = scale_of(config)

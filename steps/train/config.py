@@ -289,7 +289,8 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """One training step: pretrain from scratch, or midtrain from `init_from` (the output of a
-    pretrain step: `output_of(pretrain_step)`)."""
+    pretrain step: `output_of(pretrain_step)`; or of an `import_hf` step, whose weights start
+    midtraining with a fresh optimizer: steps/export/from_hf.py)."""
 
     data: DataConfig
     model: ModelSpec = field(default_factory=ModelSpec)

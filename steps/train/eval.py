@@ -49,6 +49,7 @@ class HarnessConfig:
     num_fewshot: int | None = None
     limit: int | None = None  # documents per task
     max_gen_tokens: int = 32
+    hf_model: str | None = None  # an export_hf output: also run the tasks through lm-eval's own `hf` model on it
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,11 @@ def score(job: EvalJob) -> None:
             results["harness"] = run_tasks(model, job.tokenizer_url, job.meta, config.harness, device,
                                            config.batch_size)
         if not dist.is_initialized() or dist.get_rank() == 0:
+            if config.harness is not None and config.harness.hf_model is not None:
+                from steps.export.harness_hf import run_hf_tasks  # transformers' own model: whole, on rank 0
+
+                results["harness_hf"] = run_hf_tasks(config.harness.hf_model, config.harness, device,
+                                                     config.batch_size)
             with job.ctx.open("results.json", "w") as f:
                 json.dump(results, f, indent=1, sort_keys=True, default=float)
     finally:

@@ -6,8 +6,9 @@ Imported only when an eval step asks for harness tasks (it imports lm_eval and t
   continuation. Context and continuation are encoded separately (a space that ends the context
   moves to the continuation, as the harness's own models do), joined, and cut from the left to
   the model's context + 1 tokens.
-- `loglikelihood_rolling`: the log-likelihood of a whole text, in disjoint windows of the
-  model's context; the first window is conditioned on the end-of-text token.
+- `loglikelihood_rolling`: the log-likelihood of a whole text, in the harness's own disjoint
+  windows of the model's context (lm_eval.utils.get_rolling_token_windows, as its `hf` model
+  uses them); the first window is conditioned on the end-of-text token.
 - `generate_until`: greedy decoding (no sampling), a full forward per token (the tiny models
   this serves need no KV cache), stopped at any `until` string or `max_gen_toks`.
 """
@@ -47,11 +48,12 @@ class HarnessLM(LM):
             out += [logp[j, :len(r)] for j, r in enumerate(chunk)]
         return out
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """(sum log P(cont | ctx), greedy) for token pairs, cut to the model's context."""
+    def _score(self, pairs: list[tuple[list[int], list[int]]], prefix: bool = True) -> list[tuple[float, bool]]:
+        """(sum log P(cont | ctx), greedy) for token pairs (after the end-of-text token when
+        `prefix`), cut to the model's context."""
         inputs, conts = [], []
         for ctx, cont in pairs:
-            ids = ([self.eot_id] + ctx + cont)[-(self.max_length + 1):]
+            ids = ([self.eot_id] * prefix + ctx + cont)[-(self.max_length + 1):]
             cont = cont[-(len(ids) - 1):]
             inputs.append(ids[:-1])
             conts.append(cont)
@@ -74,12 +76,13 @@ class HarnessLM(LM):
         return self._score(pairs)
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
         out = []
-        for req in requests:
-            ids = self.encode(req.args[0])
-            windows = [([self.eot_id] + ids)[p:p + self.max_length + 1] for p in range(0, len(ids), self.max_length)]
-            pairs = [(w[:1], w[1:]) for w in windows]
-            out.append(sum(score for score, _ in self._score(pairs)) if pairs else 0.0)
+        for req in requests:  # the harness's own windows, as its hf model scores them
+            windows = get_rolling_token_windows(self.encode(req.args[0]), self.eot_id, self.max_length, 1)
+            pairs = [make_disjoint_window(w) for w in windows]
+            out.append(sum(score for score, _ in self._score(pairs, prefix=False)) if pairs else 0.0)
         return out
 
     @torch.no_grad()

@@ -57,6 +57,7 @@ class Job:
     workers: int
     cpus_per_worker: float
     created: float  # time.time() when the step built the job (for the startup overhead)
+    init_weights_only: bool = False  # init_from holds weights only (import_hf): start this phase fresh from them
 
     @property
     def parallel(self) -> Any:  # steps.train.config.ParallelConfig
@@ -148,8 +149,13 @@ class Trainer:
             dist.barrier()
         own = checkpoint.list_checkpoints(self.ctx.output)
         source = own[-1].url if own else self.job.init_from
-        if source is None:  # nothing samples today; a per-rank stream for whatever does later
-            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)
+        if source is None or (not own and self.job.init_weights_only):
+            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
+            if source is not None:  # imported weights: a fresh optimizer, the run's schedule at this phase's start
+                from steps.export.from_hf import start_schedule_at
+
+                checkpoint.load(source, self.model, None)
+                start_schedule_at(self.scheduler, self.step)
             return
         state = checkpoint.load(source, self.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])

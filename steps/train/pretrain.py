@@ -57,14 +57,19 @@ def prepare(config: TrainConfig, ctx: StepContext, phase: str):  # -> steps.trai
     workers = config.trainer.workers or ctx.resources.workers
     config.trainer.parallel.validate(workers, model_config, config.data.batch_size, config.trainer.microbatch)
 
-    init_from = None
+    init_from, weights_only = None, False
     if phase == "midtrain":
         found = checkpoint.resolve(config.init_from, "init_from")
         meta = checkpoint.read_meta(found.url)
-        if meta.get("batch_size") != config.data.batch_size:
+        weights_only = bool(meta.get("weights_only"))  # an import_hf output: weights, no run to continue
+        if weights_only:
+            from steps.export.from_hf import check_weights_only
+
+            check_weights_only(meta, model_config, "init_from")
+        elif meta.get("batch_size") != config.data.batch_size:
             raise VoyageError(f"data.batch_size: {config.data.batch_size}, but the checkpoint at init_from was "
                               f"trained with {meta.get('batch_size')}")
-        if found.step != start:
+        if found.step != start and not weights_only:
             raise VoyageError(f"init_from: the checkpoint is at step {found.step}, but this mixture's midtrain "
                               f"stage starts at step {start} (batch size {config.data.batch_size})")
         checkpoint.check_shapes(found.url, model_config, "init_from")
@@ -74,7 +79,7 @@ def prepare(config: TrainConfig, ctx: StepContext, phase: str):  # -> steps.trai
         checkpoint.check_shapes(own[-1].url, model_config, "model")
     return Job(ctx=ctx, config=config, phase=phase, model_config=model_config, manifest=manifest, phases=steps,
                start=start, end=end, init_from=init_from, workers=workers, cpus_per_worker=ctx.resources.cpus,
-               created=created)
+               created=created, init_weights_only=weights_only)
 
 
 def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:

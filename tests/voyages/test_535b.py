@@ -45,7 +45,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     code = main([VOYAGE, "--dry-run", "--prefix", str(tmp_path / "p")])
     out = capsys.readouterr().out
     assert code == 0
-    assert "plan of 29 steps" in out
+    assert "plan of 30 steps" in out
     assert "533.8B total, 22.83B active" in out  # within 1% of 535.3B and 22.76B
     assert "18.75T = 15T pretrain + 3.75T midtrain (switch at 80%)" in out
     assert "11,264 x 4,096" in out and "406,395 optimizer steps" in out
@@ -158,6 +158,7 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
     ev = plan.dag["eval/laptop"]
     results = json.load(open(os.path.join(prefix, ev.dirname, "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
+    hf_folder_loads_and_scores(os.path.join(prefix, plan.dag["export/laptop"].dirname), tmp_path, monkeypatch)
     pages = list((tmp_path / "out" / "voyages" / "535b").glob("*/index.html"))
     assert pages, "the live page was not written"
 
@@ -175,10 +176,36 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
     copy, away = str(tmp_path / "copy" / "out"), str(tmp_path / "away")
     shutil.copytree(prefix, copy, symlinks=True)
     shutil.move(prefix, away)
-    moved, _ = plan_steps(v535.voyage(config), copy)
+    moved = plan_steps(v535.voyage(config), copy)
     assert moved.counts() == {"CACHED": len(moved.decisions)}
     digests = {d.name: d.status.output_digest for d in after.decisions}
     assert {d.name: d.status.output_digest for d in moved.decisions} == digests
     _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
     assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
     assert not os.path.exists(prefix)
+
+def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
+    """The voyage's Hugging Face folder loads with transformers, generates, and lm-eval's own `hf`
+    model scores it on a local task (the export itself is tested in tests/steps/export)."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # read when transformers is imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from steps.export.harness_hf import run_hf_tasks
+    from steps.train.eval import HarnessConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(folder)
+    out = model.generate(**tok("And God said", return_tensors="pt"), max_new_tokens=20, min_new_tokens=20)
+    assert out.shape[1] == len(tok("And God said").input_ids) + 20
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "verses.jsonl").write_text(json.dumps({"text": "The LORD is my shepherd; I shall not want."}) + "\n")
+    (tmp_path / "tasks" / "verses.yaml").write_text(
+        "task: verses\ndataset_path: json\ndataset_kwargs: {data_files: {test: %s}}\ntest_split: test\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list: [{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}]\n"
+        % (tmp_path / "verses.jsonl"))
+    for k, v in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}.items():
+        monkeypatch.setenv(k, v)
+    got = run_hf_tasks(folder, HarnessConfig(tasks=("verses",), include_path=str(tmp_path / "tasks")), "cpu", 4)
+    assert 0 < got["verses"]["bits_per_byte,none"] < 8

@@ -218,7 +218,7 @@ def test_a_copied_prefix_is_cached_and_reads_only_from_itself(runs, tmp_path):
     shutil.copytree(original, copy)
     shutil.move(original, away)  # reading the old prefix now fails
     try:
-        again, _ = plan_steps(_voyage(runs["inputs"]), copy)
+        again = plan_steps(_voyage(runs["inputs"]), copy)
         assert {d.state for d in again.decisions} == {"CACHED"}
         assert {d.name: d.status.output_digest for d in again.decisions} == before
         out = _outputs(again)
