@@ -183,6 +183,8 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
     _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
     assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
     assert not os.path.exists(prefix)
+    # item 11: the rerun wrote the same artifacts (timings are logs), so nothing downstream is stale
+    assert summary.stale_after == []
 
 def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
     """The voyage's Hugging Face folder loads with transformers, generates, and lm-eval's own `hf`
