@@ -95,6 +95,7 @@ class Scale:
     tokenizer_vocab: int
     optimizer: OptimizerConfig
     checkpoint_every: int
+    eval_parallel: ParallelConfig = ParallelConfig()  # how eval's workers shard the model
 
     @property
     def model(self) -> MoEConfig:
@@ -106,7 +107,12 @@ FULL = Scale(
     pretrain_tokens=15e12, midtrain_tokens=3.75e12,
     # a worker a GPU (a compute tray: 4 GPUs, 2 Grace CPUs of 72 cores and 480 GB); workers: the plan's ranks
     train_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=792),
-    data_resources=Resources(cpus=8, memory_gb=32), eval_resources=Resources(cpus=16, gpus=4, accelerator="GB200"),
+    data_resources=Resources(cpus=8, memory_gb=32),
+    # eval loads the checkpoint sharded, as the trainer does: the fp32 weights are 533.8B x 4 B =
+    # 2.14 TB, so one rack's expert mesh (64 GPUs, EP64, 6 experts a GPU) holds 33 GB a GPU of
+    # weights, no gradients or optimizer state, and forwards of `EvalConfig.batch_size` windows
+    eval_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=64),
+    eval_parallel=ParallelConfig(dp_shard=-1, ep=64),
     tokenizer_vocab=128_256,
     optimizer=OptimizerConfig(lr=2.2e-4, warmup_steps=2000, min_lr_ratio=0.1, weight_decay=0.1),
     checkpoint_every=500,
@@ -232,7 +238,8 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
                retry=RetryPolicy(max_node_failures=10))
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
                resources=resources, retry=RetryPolicy(max_node_failures=10))
-    ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid)), resources=scale.eval_resources)
+    ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid), parallel=scale.eval_parallel),
+              resources=scale.eval_resources)
     # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
     # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
     ex = Step(f"export/{name}", export_hf, ExportHFConfig(

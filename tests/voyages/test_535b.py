@@ -126,6 +126,11 @@ def test_the_training_step_runs_the_planned_mesh(v535):
     assert fixed["pretrain/535b-a23b"].step.config.trainer.parallel.ep == 32
     # the mesh is run-only: the step's identity does not change with it
     assert fixed["pretrain/535b-a23b"].digest == dag["pretrain/535b-a23b"].digest
+    # eval loads the 535B checkpoint sharded over one rack's expert mesh (2.14 TB of fp32 weights)
+    ev = dag["eval/535b-a23b"].step
+    assert ev.resources.workers == 64 and ev.resources.accelerator == "GB200"
+    ev.config.parallel.validate(64, PRESETS["535b-a23b"])
+    assert ev.config.parallel.resolve(64).ep == 64
 
 
 def test_laptop_has_the_same_dag_shape(v535):
