@@ -37,8 +37,8 @@ from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
-from steps.provenance.card import CardConfig, model_card
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
+from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
 from steps.scale.plan import ANCHOR, Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from executor import InputPath, StepContext, VoyageError, step_type
-from steps.data.formats import join, read_json, url_fs, write_bytes
+from steps.data.formats import join, read_json, write_bytes
 from steps.data.mixture import MixtureSampler, load_mixture
 from steps.moe.config import MoEConfig, param_counts
 from steps.provenance.which_saw import checkpoints_in
@@ -253,9 +253,9 @@ def environment() -> dict[str, Any]:
     git: dict[str, Any] = {"commit": None, "dirty": None}
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10)
+                                timeout=10, check=False)
         status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
+                                capture_output=True, text=True, timeout=10, check=False)
         if commit.returncode == 0:
             git = {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
         else:
@@ -294,7 +294,7 @@ def render(card: dict[str, Any]) -> str:
         per = [f"{s['by_dataset'].get(name, {}).get('tokens', 0):,}" for s in d["stages"]]
         out.append(f"| {name} | {', '.join(v['licenses']) or 'NOASSERTION'} | " + " | ".join(per)
                    + f" | {v['tokens']:,} |")
-    out.append(f"| **all** | | " + " | ".join(f"{sum(c['tokens'] for c in s['by_dataset'].values()):,}"
+    out.append("| **all** | | " + " | ".join(f"{sum(c['tokens'] for c in s['by_dataset'].values()):,}"
                                              for s in d["stages"]) + f" | **{d['total']['tokens']:,}** |")
     out += ["", "| licence | tokens | sequences |", "|---|---:|---:|"]
     out += [f"| {lic} | {v['tokens']:,} | {v['sequences']:,} |" for lic, v in d["by_license"].items()]

@@ -6,10 +6,11 @@ n-th draw -> window `feistel(n mod N)` of epoch `n // N`. Every arrow has an inv
 at most one block: a window w is drawn as draw `e*N + feistel^-1(w)` in epoch e (if the
 mixture draws that many); draw n lies in the stage whose draws-before bracket it, and in the
 block whose cumulative quota brackets it (the quotas are floors of m x weight at block
-boundaries, non-decreasing in m: a binary search over the blocks); inside the block it is the
-r-th slot labelled with the dataset. So a document costs O(windows x epochs x (log blocks +
-block_size)), never a scan of the batches: at the 535B budget (4.6e9 sequences in 2.2M blocks)
-that is about 21 quota evaluations and one shuffled block per window.
+boundaries, non-decreasing in m and within a few blocks of r / (block x weight): a binary search
+near there); inside the block it is the r-th slot labelled with the dataset. So a document costs
+O(windows x epochs x block_size), never a scan of the batches: at the 535B budget (4.6e9
+sequences in 2.2M blocks) that is a handful of quota evaluations and one shuffled block per window
+and epoch.
 
 The forward arithmetic is the sampler's own (its quota, block and stage functions are called,
 not copied), and every index found is checked with `locate` before it is returned.
@@ -100,15 +101,7 @@ class MixtureInverse:
         if k >= len(s.stages):
             raise IndexError(f"draw {draw} of dataset {s.names[d]!r}: the mixture draws only {int(self.base[-1, d])}")
         r = draw - int(self.base[k, d])
-        # the last block j whose cumulative quota of d is <= r holds the draw
-        lo, hi = 0, s._blocks(k) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if int(s._cumulative_at_block(k, mid)[d]) <= r:
-                lo = mid
-            else:
-                hi = mid - 1
-        j = lo
+        j = self._block_of(k, d, r)
         labels, _ranks, _ = s._block(k, j)
         slots = np.flatnonzero(labels == d)
         slot = int(slots[r - int(s._cumulative_at_block(k, j)[d])])
@@ -118,6 +111,36 @@ class MixtureInverse:
             raise AssertionError(f"inverse of draw {draw} of {s.names[d]!r} gave sequence {index}, which reads "
                                  f"draw {loc.draw} of {loc.dataset!r}")
         return index
+
+    def _block_of(self, k: int, d: int, r: int) -> int:
+        """The block of stage k that holds dataset d's r-th draw of the stage: the last block whose
+        cumulative quota of d is <= r. The quotas are floors of m x w (the absorber's within the
+        number of datasets of it), so r / (block x w) is within a few blocks of the answer: a
+        binary search there, checked, and over the whole stage only if the check fails."""
+        s = self.sampler
+        last = s._blocks(k) - 1
+
+        def cum(j: int) -> int:
+            return int(s._cumulative_at_block(k, j)[d])
+
+        w = float(s._w[k][d]) * s.block
+        if last and w > 0:
+            guess, slack = int(r / w), int(len(s.names) / w) + 2
+            lo, hi = max(0, guess - slack), min(last, guess + slack)
+            j = self._search(cum, r, lo, hi)
+            if cum(j) <= r and (j == last or cum(j + 1) > r):
+                return j
+        return self._search(cum, r, 0, last)
+
+    @staticmethod
+    def _search(cum, r: int, lo: int, hi: int) -> int:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cum(mid) <= r:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _index(self, name: str) -> int:
         try:

@@ -42,7 +42,7 @@ def test_card_names_both_sources_with_licences_and_exact_tokens(card):
     kjv, pydocs = data["data"]["by_source"]["kjv"]["tokens"], data["data"]["by_source"]["pydocs"]["tokens"]
     assert re.search(rf"\| kjv \| public domain \| {counts['pretrain']['kjv']:,} \| {counts['midtrain']['kjv']:,} "
                      rf"\| {kjv:,} \|", md), md
-    assert f"| pydocs | PSF-2.0 |" in md and f"{pydocs:,}" in md and "| **all** |" in md
+    assert "| pydocs | PSF-2.0 |" in md and f"{pydocs:,}" in md and "| **all** |" in md
 
 
 def test_card_holds_the_model_eval_digests_and_code(card):
@@ -63,7 +63,7 @@ def test_card_holds_the_model_eval_digests_and_code(card):
         d = plan[u["name"]]
         assert u["digest"] == d.node.digest and u["output_digest"] == d.status.output_digest, u["name"]
         assert f"`{u['digest'][:16]}`" in md
-    head = subprocess.run(["git", "-C", lv.root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", lv.root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert data["code"]["git"]["commit"] == head and isinstance(data["code"]["git"]["dirty"], bool)
     assert {"python", "torch", "ray", "tokenizers"} <= set(data["code"]["packages"])
     assert f"git commit `{head}`" in md
