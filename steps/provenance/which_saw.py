@@ -139,7 +139,18 @@ def parse_query(text: str) -> tuple[str, str]:
 
 
 def which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
-    """Follow document `doc_id` of `source` through the plan's outputs (see the module's doc)."""
+    """Follow document `doc_id` of `source` through the plan's outputs (see the module's doc). A
+    file missing or cut short under a finished output is one VoyageError naming it."""
+    try:
+        return _which_saw(plan, source, doc_id)
+    except FileNotFoundError as e:
+        raise VoyageError(f"--which-saw: {e.filename or e} is missing, though its step is marked done: the "
+                          "prefix is incomplete (a partial copy?)") from None
+    except (EOFError, ValueError) as e:
+        raise VoyageError(f"--which-saw: an output under {plan.store.prefix} cannot be read: {e}") from None
+
+
+def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     chain = _chain(plan, source)
     read: dict[str, str] = {}
 
@@ -284,10 +295,18 @@ def document_at(shards: list[str], shard: int, position: int) -> Found:
 
 def _duplicates(dedup_url: str) -> tuple[np.ndarray, np.ndarray]:
     """(removed global ids, sorted; their keepers) from a dedup output."""
-    fs, path = url_fs(join(dedup_url, "duplicates.npy"))
     import io
 
-    pairs = np.load(io.BytesIO(fs.cat_file(path)))
+    url = join(dedup_url, "duplicates.npy")
+    fs, path = url_fs(url)
+    try:
+        pairs = np.load(io.BytesIO(fs.cat_file(path)))
+    except FileNotFoundError:
+        raise FileNotFoundError(2, "missing", url) from None
+    except (ValueError, EOFError, OSError) as e:
+        raise ValueError(f"{url} is not dedup's array of pairs ({e})") from None
+    if pairs.ndim != 2 or (pairs.size and pairs.shape[1] != 2):
+        raise ValueError(f"{url} is not dedup's array of pairs (shape {pairs.shape})")
     if pairs.size == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     order = np.argsort(pairs[:, 0], kind="stable")  # written sorted; sorted again for any writer
@@ -298,6 +317,8 @@ def _offsets(tokens_url: str, name: str, position: int) -> np.ndarray:
     """Offsets [position, position + 1] of a token shard: two int64 read by byte range."""
     fs, path = url_fs(join(tokens_url, f"shards/{name}.offsets"))
     data = fs.cat_file(path, position * 8, (position + 2) * 8)
+    if len(data) != 16:
+        raise ValueError(f"{tokens_url}/shards/{name}.offsets is cut short: no offsets for document {position}")
     return np.frombuffer(data, dtype=np.int64)
 
 

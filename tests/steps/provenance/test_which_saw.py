@@ -263,3 +263,26 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
         after = which_saw(plan, source, ids_of(prefix, plan, f"raw/{source}")[31])
         assert after.document == 30
     assert max(sampler.manifest["epochs"].values()) > 1
+
+
+def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
+    """A fresh prefix names the first step without output; a copy with dedup's ledger of
+    duplicates deleted, or a token shard's offsets cut short, names the file."""
+    from executor import VoyageError
+    from executor.api import plan_steps
+
+    lv, _sampler, _seen = laptop
+    with pytest.raises(VoyageError, match=r"mixture/laptop has no output under .* yet \(RUN\); run the voyage first"):
+        which_saw(plan_steps(v535.voyage(v535.VoyageConfig(laptop=True)), str(tmp_path / "empty")), "kjv", "kjv/Ge1")
+    copy = str(tmp_path / "copy")
+    for name in ("raw", "dedup", "tokenized", "mixture", "pretrain", "midtrain"):
+        shutil.copytree(os.path.join(lv.prefix, name), os.path.join(copy, name), symlinks=True)
+    plan = plan_steps(lv.module.voyage(lv.config), copy)
+    os.remove(os.path.join(copy, plan.dag["dedup/kjv"].dirname, "duplicates.npy"))
+    with pytest.raises(VoyageError, match=r"duplicates.npy is missing, though its step is marked done"):
+        which_saw(plan, "kjv", "kjv/Ge1")
+    offsets = os.path.join(copy, plan.dag["tokenized/pydocs"].dirname, "shards", "00000.offsets")
+    with open(offsets, "r+b") as f:
+        f.truncate(8 * 3)
+    with pytest.raises(VoyageError, match=r"00000.offsets is cut short: no offsets for document 5"):
+        which_saw(plan, "pydocs", ids_of(copy, plan, "raw/pydocs")[5])
