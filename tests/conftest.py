@@ -82,13 +82,14 @@ def laptop_voyage(ray_local, tmp_path_factory):
     """The laptop voyage (`marin-run voyages/535b.py --laptop`) run once per session on a fresh
     prefix, shared by the tests that read its outputs (the end-to-end test, which-saw, the model
     card). A test may copy the prefix, or move it away and back (try/finally), but never leaves it
-    changed. Returns a namespace: module, config, prefix, plan, summary, voyage_path."""
+    changed. Returns a namespace: module, config, prefix, plan (made after the run: every status
+    read), summary, voyage_path, root."""
     import importlib.util
     import types
 
     from ray import cloudpickle
 
-    from executor.api import run_steps
+    from executor.api import plan_steps, run_steps
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.path.join(root, "voyages", "535b.py")
@@ -102,7 +103,8 @@ def laptop_voyage(ray_local, tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)  # the bundled corpus is named by repository-relative paths
     try:
-        plan, summary = run_steps(module.voyage(config), prefix, voyage="535b")
+        _, summary = run_steps(module.voyage(config), prefix, voyage="535b")
+        plan = plan_steps(module.voyage(config), prefix)
     finally:
         os.chdir(cwd)
     return types.SimpleNamespace(module=module, config=config, prefix=prefix, plan=plan, summary=summary,
