@@ -242,11 +242,12 @@ def _name_of(url: str, upstream: list[dict[str, Any]]) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     """The git commit of the code (and whether its tree had changes) and the key packages'
-    versions; `executor.environment.current()` where the executor provides it (issue 14, item 6)."""
+    versions: the executor's own record of them (`executor.current_environment`, issue 14 item 6)
+    where its public API has it, else read here the same way."""
     try:
-        from executor.environment import current  # type: ignore[import-not-found]
+        from executor import current_environment  # type: ignore[attr-defined]
 
-        return current()
+        return current_environment()
     except ImportError:
         pass
     repo = Path(__file__).resolve().parents[2]
