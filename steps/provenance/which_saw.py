@@ -84,6 +84,7 @@ class Answer:
     untrained: list[int]  # of those, the ones past the last whole batch (never trained on)
     training: list[Training]
     steps_read: dict[str, str] = field(default_factory=dict)  # what was read: step name -> output URL
+    also: list[Found] = field(default_factory=list)  # other documents of the source with the same id
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON form of the answer (the CLI's `--which-saw` prints `describe()`)."""
@@ -99,12 +100,15 @@ class Answer:
                           "phase_steps": list(t.phase_steps), "first_checkpoint": t.first_checkpoint,
                           "checkpoints_now": t.checkpoints_now} for t in self.training],
             "read": self.steps_read,
+            "same_id_also_at": [{"shard": f.shard, "position": f.position} for f in self.also],
         }
 
     def describe(self) -> str:
         """The answer for a person, a few lines."""
         lines = [f"{self.source}:{self.id}"]
-        lines.append(f"  ingested   shard {self.found.shard}, document {self.found.position}")
+        lines.append(f"  ingested   shard {self.found.shard}, document {self.found.position}"
+                     + (f" (the id is not unique: also {', '.join(f'shard {f.shard} document {f.position}' for f in self.also)}"
+                        "; answered for the first)" if self.also else ""))
         if self.survived:
             lines.append("  dedup      kept")
         else:
@@ -211,7 +215,7 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     untrained = [i for i in sequences if i >= trained_upto] if training else []
     return Answer(source=source, id=doc_id, found=found, survived=keeper is None, keeper=keeper,
                   dataset=chain["tokenize"].name, document=document, span=span, sequences=sequences,
-                  untrained=untrained, training=training, steps_read=read)
+                  untrained=untrained, training=training, steps_read=read, also=matches[1:])
 
 
 # -- the voyage's edges ------------------------------------------------------------------------

@@ -231,6 +231,7 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
         docs = list(iter_documents(os.path.join(ROOT, src.url)))[:40]
         dup = dict(docs[7], id=f"{src.name}/copy-of-{docs[7]['id']}")
         docs.insert(30, dup)
+        docs.append({"id": docs[3]["id"], "text": f"A text of its own, under the id of {src.name}'s fourth document."})
         planted[src.name] = (dup["id"], docs[7]["id"])
         path = tmp_path / f"{src.name}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -262,6 +263,10 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
         # the document after the removed one moved up by one in the token dataset
         after = which_saw(plan, source, ids_of(prefix, plan, f"raw/{source}")[31])
         assert after.document == 30
+        # an id that is not unique: answered for the first, the others named
+        twice = which_saw(plan, source, ids_of(prefix, plan, f"raw/{source}")[3])
+        assert twice.found.position == 3 and [(f.shard, f.position) for f in twice.also] == [(0, 41)]
+        assert "the id is not unique: also shard 0 document 41" in twice.describe()
     assert max(sampler.manifest["epochs"].values()) > 1
 
 
