@@ -32,6 +32,7 @@ class Options:
     dry_run: bool
     viz: str | None
     explain: str | None
+    which_saw: str | None
     rerun: tuple[str, ...]
     downstream: bool
     only: tuple[str, ...]
@@ -63,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="draw the plan to FILE (.html, .svg, .dot or .mmd; any fsspec URL); run nothing")
     p.add_argument("--explain", metavar="NAME",
                    help="show step NAME's digest tree and what changed since its last output; run nothing")
+    p.add_argument("--which-saw", metavar="SOURCE:DOC_ID",
+                   help="which training steps and checkpoints saw this document (from the prefix); run nothing")
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
     p.add_argument("--downstream", action="store_true",
@@ -122,7 +125,8 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     if not prefix.strip():
         where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
         raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
-    opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, rerun=tuple(ns.rerun),
+    opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, which_saw=ns.which_saw,
+                   rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
                    verbose=ns.verbose, overrides=rest)
@@ -186,6 +190,8 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
 
     from executor import report
 
+    if opts.which_saw:
+        return _which_saw(opts, plan)
     if opts.viz or opts.explain:
         return _look(opts, vf, plan)
     if opts.dry_run:
@@ -248,6 +254,18 @@ def _look(opts: Options, vf: VoyageFile, plan: Plan) -> int:
 
         write_viz(plan, opts.viz, title=vf.name)
         print(f"drew {len(plan.decisions):,} steps to {opts.viz} ({report.counts_line(plan.counts())})")
+    return 0
+
+
+def _which_saw(opts: Options, plan: Plan) -> int:
+    """--which-saw SOURCE:DOC_ID: the document followed from ingest to the checkpoints that hold
+    it, read from the prefix (steps/provenance/which_saw.py: the step library knows its formats;
+    the executor only hands it the plan). Runs nothing; imports neither torch nor Ray."""
+    import importlib
+
+    which = importlib.import_module("steps.provenance.which_saw")
+    source, doc_id = which.parse_query(opts.which_saw)
+    print(which.which_saw(plan, source, doc_id).describe())
     return 0
 
 

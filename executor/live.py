@@ -14,6 +14,7 @@ A failed write logs a warning and the voyage goes on; the listener itself never 
 
 from __future__ import annotations
 
+import html as html_text
 import json
 import logging
 import re
@@ -202,7 +203,28 @@ class LivePage:
                 curves[str(i)] = c
         return {"started": self.started, "updated": time.time(), "finished": self.finished, "poll": self.poll_every,
                 "steps": rows,
-                "metrics": curves, "records": {str(i): r for i, r in self._records.items()}}
+                "metrics": curves, "records": {str(i): r for i, r in self._records.items()}, "cards": self.cards()}
+
+    def cards(self) -> dict[str, str]:
+        """Step name -> link (relative to the page) of each model card a step of the plan has
+        written: a finished step whose results name `model_card`, a file of its output
+        (steps/provenance/card.py). Relative, so a published or copied prefix links its own copy."""
+        found = {}
+        drawn = {step.get("name"): step for step in self._data["steps"]}
+        for i, d in enumerate(self.plan.decisions):
+            record = self._records.get(i) or drawn.get(d.name, {}).get("record") or {}
+            card = (record.get("results") or {}).get("model_card")
+            if isinstance(card, str) and record.get("state") == SUCCESS:
+                found[d.name] = f"../../../{self._dirnames[i]}/{card.lstrip('/')}"
+        return found
+
+    def _cards_nav(self) -> bytes:
+        cards = self.cards()
+        if not cards:
+            return b""
+        links = " ".join(f'<a href="{html_text.escape(href)}">{html_text.escape(name)}</a>'
+                         for name, href in sorted(cards.items()))
+        return f'<nav id="model-cards">model card: {links}</nav>\n'.encode()
 
     def _write(self) -> None:
         t0 = time.perf_counter()
@@ -210,7 +232,8 @@ class LivePage:
         run_bytes = html.script_json(run).encode()
         data = b'{"plan":' + self._plan_json + b',"run":' + json.dumps(run, separators=(",", ":")).encode() + b"}"
         self._put(DATA, data, "application/json")
-        self._put(PAGE, self._head + run_bytes + self._tail, "text/html; charset=utf-8")
+        head = self._head.replace(b"</header>\n", b"</header>\n" + self._cards_nav(), 1)  # the model cards' links
+        self._put(PAGE, head + run_bytes + self._tail, "text/html; charset=utf-8")
         self._last_write = time.monotonic()
         self.writes += 1
         self.write_seconds += time.perf_counter() - t0

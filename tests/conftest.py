@@ -75,3 +75,37 @@ def gcs_emulator():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def laptop_voyage(ray_local, tmp_path_factory):
+    """The laptop voyage (`marin-run voyages/535b.py --laptop`) run once per session on a fresh
+    prefix, shared by the tests that read its outputs (the end-to-end test, which-saw, the model
+    card). A test may copy the prefix, or move it away and back (try/finally), but never leaves it
+    changed. Returns a namespace: module, config, prefix, plan (made after the run: every status
+    read), summary, voyage_path, root."""
+    import importlib.util
+    import types
+
+    from ray import cloudpickle
+
+    from executor.api import plan_steps, run_steps
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "voyages", "535b.py")
+    spec = importlib.util.spec_from_file_location("voyage_535b_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    config = module.VoyageConfig(laptop=True)
+    prefix = str(tmp_path_factory.mktemp("laptop-voyage") / "out")
+    cwd = os.getcwd()
+    os.chdir(root)  # the bundled corpus is named by repository-relative paths
+    try:
+        _, summary = run_steps(module.voyage(config), prefix, voyage="535b")
+        plan = plan_steps(module.voyage(config), prefix)
+    finally:
+        os.chdir(cwd)
+    return types.SimpleNamespace(module=module, config=config, prefix=prefix, plan=plan, summary=summary,
+                                 voyage_path=path, root=root)

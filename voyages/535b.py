@@ -38,6 +38,7 @@ from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
+from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
 from steps.scale.plan import ANCHOR, Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
@@ -225,7 +226,7 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
 
 def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
     """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
-    the Hugging Face export of the midtrained model."""
+    the Hugging Face export of the midtrained model, and the model card of both."""
     scale = scale_of(config)
     trainer, resources = trainer_of(config, scale)
     train = TrainConfig(
@@ -246,7 +247,12 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
         checkpoint=output_of(mid), dtype="float32" if config.laptop else "bfloat16",
         pad_token="<|pad|>" if config.laptop else None),
         resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64))
-    return [pre, mid, ev, ex]
+    # The model card (docs/provenance.md): a cheap step of its own after eval.
+    card = Step(f"card/{name}", model_card, CardConfig(
+        evaluation=output_of(ev), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
+        licenses={s.name: getattr(s.license, "id", s.license) for s in scale.sources},
+        title=f"{name} ({scale.preset} preset, seed {config.seed})"), resources=Resources(cpus=1 if config.laptop else 2))
+    return [pre, mid, ev, ex, card]
 
 
 def voyage(config: VoyageConfig) -> list[Step]:

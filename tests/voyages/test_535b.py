@@ -1,6 +1,7 @@
 """voyages/535b.py: the full plan with its budget, and the laptop rehearsal end to end."""
 
 import collections
+import glob
 import importlib.util
 import json
 import os
@@ -45,7 +46,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     code = main([VOYAGE, "--dry-run", "--prefix", str(tmp_path / "p")])
     out = capsys.readouterr().out
     assert code == 0
-    assert "plan of 30 steps" in out
+    assert "plan of 31 steps" in out
     assert "533.8B total, 22.83B active" in out  # within 1% of 535.3B and 22.76B
     assert "18.75T = 15T pretrain + 3.75T midtrain (switch at 80%)" in out
     assert "11,264 x 4,096" in out and "406,395 optimizer steps" in out
@@ -148,23 +149,22 @@ def test_laptop_has_the_same_dag_shape(v535):
     assert full_dag["tokenizer/llama3"].step.config.expect_vocab_size == 128_256
 
 
-def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
-    from ray import cloudpickle
-
+def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
+    """The session's laptop run (tests/conftest.py: `laptop_voyage`, shared with which-saw and the
+    model card): it succeeds, learns, exports, and then plans cached, cuts off an identical
+    rerun, and survives a copied prefix."""
     from executor.api import plan_steps, run_steps
     from executor.plan import Selection
 
+    v535, config, prefix = laptop_voyage.module, laptop_voyage.config, laptop_voyage.prefix
+    plan, summary = laptop_voyage.plan, laptop_voyage.summary
     monkeypatch.chdir(ROOT)  # the bundled corpus is named by repository-relative paths
-    cloudpickle.register_pickle_by_value(v535)
-    config = v535.VoyageConfig(laptop=True)
-    prefix = str(tmp_path / "out")
-    plan, summary = run_steps(v535.voyage(config), prefix, voyage="535b")
     assert summary.exit_code == 0, [(o.name, o.error) for o in summary.failed]
     ev = plan.dag["eval/laptop"]
     results = json.load(open(os.path.join(prefix, ev.dirname, "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
     hf_folder_loads_and_scores(os.path.join(prefix, plan.dag["export/laptop"].dirname), tmp_path, monkeypatch)
-    pages = list((tmp_path / "out" / "voyages" / "535b").glob("*/index.html"))
+    pages = list(glob.glob(os.path.join(prefix, "voyages", "535b", "*", "index.html")))
     assert pages, "the live page was not written"
 
     again = plan_steps(v535.voyage(config), prefix)
@@ -177,19 +177,23 @@ def test_laptop_voyage_end_to_end(v535, tmp_path, ray_local, monkeypatch):
 
     # Issue 13, item 10: the prefix copied elsewhere and the original moved away (so any read of it
     # fails): every step plans CACHED with the same output digests, and a rerun of pretrain reads
-    # only the copy.
+    # only the copy. The session's prefix is moved back afterwards (other tests read it).
     copy, away = str(tmp_path / "copy" / "out"), str(tmp_path / "away")
     shutil.copytree(prefix, copy, symlinks=True)
     shutil.move(prefix, away)
-    moved = plan_steps(v535.voyage(config), copy)
-    assert moved.counts() == {"CACHED": len(moved.decisions)}
-    digests = {d.name: d.status.output_digest for d in after.decisions}
-    assert {d.name: d.status.output_digest for d in moved.decisions} == digests
-    _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
-    assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
-    assert not os.path.exists(prefix)
-    # item 11: the rerun wrote the same artifacts (timings are logs), so nothing downstream is stale
-    assert summary.stale_after == []
+    try:
+        moved = plan_steps(v535.voyage(config), copy)
+        assert moved.counts() == {"CACHED": len(moved.decisions)}
+        digests = {d.name: d.status.output_digest for d in after.decisions}
+        assert {d.name: d.status.output_digest for d in moved.decisions} == digests
+        _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
+        assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
+        assert not os.path.exists(prefix)
+        # item 11: the rerun wrote the same artifacts (timings are logs), so nothing downstream is stale
+        assert summary.stale_after == []
+    finally:
+        shutil.move(away, prefix)
+
 
 def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
     """The voyage's Hugging Face folder loads with transformers, generates, and lm-eval's own `hf`

@@ -1,0 +1,388 @@
+"""Which checkpoints saw this document? `marin-run V --which-saw SOURCE:DOC_ID`, from the prefix alone.
+
+The answer follows the document down the voyage's own edges, reading only outputs under the
+plan's prefix (a copied prefix answers from the copy):
+
+1. **ingest**: the source's documents are scanned for the id (a byte search for the JSON string
+   before any line is parsed); the document's global id is `shard << 32 | position`, as dedup
+   counts it. An id that is not there is one error naming the source, the id and what was read.
+2. **dedup**: `duplicates.npy` (every removed global id, sorted, with its keeper's) says whether
+   it survived; a removed document names the document it was merged with, and what follows is
+   that keeper's exposure (its text is what reached training). A kept document's position in
+   its shard is its position less the removed documents before it (dedup keeps the order).
+3. **tokenize**: shard i is dedup's shard i; the shard's `offsets` (one int64 a document) give
+   the token span, counted across the dataset's shards as the mixture counts them.
+4. **mixture**: `MixtureInverse` (steps/provenance/inverse.py) turns the span into the global
+   sequences that read it, by the sampler's arithmetic backwards (no scan of batches).
+5. **training**: optimizer step s reads sequences s*B .. s*B+B-1; pretrain owns steps
+   [0, switch), midtrain [switch, total). A step is in checkpoint `step-N` for every N > s, and the
+   first checkpoint written that holds it is the first N > s that the trainer's schedule saves
+   (a multiple of `checkpoint_every` or `permanent_every`, or the phase's last step); the
+   checkpoints still in the output are listed too.
+
+Torch-free and Ray-free: it reads JSON, numpy arrays and document shards.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from executor import InputRef, Plan, VoyageError
+from steps.data.formats import MANIFEST, document_shards, join, open_lines, read_json, url_fs
+from steps.data.mixture import MixtureSampler, load_mixture
+from steps.provenance.inverse import MixtureInverse
+
+TRAINING_TYPES = ("pretrain", "midtrain")
+
+
+@dataclass
+class Found:
+    """A document of the source's ingested shards."""
+
+    id: str
+    shard: int
+    position: int
+
+    @property
+    def gid(self) -> int:
+        return (self.shard << 32) | self.position
+
+
+@dataclass
+class Training:
+    """What one training step did with the document."""
+
+    step: str  # the step's name
+    phase: str
+    state: str  # the step's plan state (CACHED: its output is there)
+    steps: list[int]  # optimizer steps whose batches held any of the document's tokens
+    phase_steps: tuple[int, int]  # the optimizer steps this training step runs, [start, end)
+    first_checkpoint: int | None  # the first checkpoint the trainer's schedule writes that holds it
+    checkpoints_now: list[int] = field(default_factory=list)  # checkpoints in the output that hold it
+
+
+@dataclass
+class Answer:
+    """Everything `--which-saw` says about one document."""
+
+    source: str
+    id: str
+    found: Found
+    survived: bool
+    keeper: Found | None  # the document it was merged with, when dedup removed it
+    dataset: str  # the token dataset's step name
+    document: int  # its index in the token dataset
+    span: tuple[int, int]  # its tokens [start, end) in the token dataset
+    sequences: list[int]  # global mixture sequences that read any of its tokens
+    untrained: list[int]  # of those, the ones past the last whole batch (never trained on)
+    training: list[Training]
+    steps_read: dict[str, str] = field(default_factory=dict)  # what was read: step name -> output URL
+    also: list[Found] = field(default_factory=list)  # other documents of the source with the same id
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain-JSON form of the answer (the CLI's `--which-saw` prints `describe()`)."""
+        return {
+            "source": self.source, "id": self.id,
+            "ingested": {"shard": self.found.shard, "position": self.found.position},
+            "survived_dedup": self.survived,
+            "merged_with": None if self.keeper is None else {"id": self.keeper.id, "shard": self.keeper.shard,
+                                                             "position": self.keeper.position},
+            "token_dataset": self.dataset, "document": self.document, "span": list(self.span),
+            "sequences": self.sequences, "untrained_sequences": self.untrained,
+            "training": [{"step": t.step, "phase": t.phase, "state": t.state, "optimizer_steps": t.steps,
+                          "phase_steps": list(t.phase_steps), "first_checkpoint": t.first_checkpoint,
+                          "checkpoints_now": t.checkpoints_now} for t in self.training],
+            "read": self.steps_read,
+            "same_id_also_at": [{"shard": f.shard, "position": f.position} for f in self.also],
+        }
+
+    def describe(self) -> str:
+        """The answer for a person, a few lines."""
+        lines = [f"{self.source}:{self.id}"]
+        lines.append(f"  ingested   shard {self.found.shard}, document {self.found.position}"
+                     + (f" (the id is not unique: also {', '.join(f'shard {f.shard} document {f.position}' for f in self.also)}"
+                        "; answered for the first)" if self.also else ""))
+        if self.survived:
+            lines.append("  dedup      kept")
+        else:
+            k = self.keeper
+            lines.append(f"  dedup      removed: merged with {self.source}:{k.id} (shard {k.shard}, document "
+                         f"{k.position}); below, what the keeper's tokens reached")
+        lines.append(f"  tokens     {self.dataset}: document {self.document}, tokens {self.span[0]:,}..{self.span[1]:,} "
+                     f"({self.span[1] - self.span[0]:,} tokens)")
+        lines.append(f"  mixture    {len(self.sequences):,} sequences read it: {_ranges(self.sequences)}"
+                     + (f" ({len(self.untrained)} past the last whole batch, never trained on)" if self.untrained else ""))
+        if not self.training:
+            lines.append("  training   no training step of the voyage reads this mixture")
+        for t in self.training:
+            head = f"  {t.phase:<10} {t.step} [{t.state}]"
+            if not t.steps:
+                lines.append(f"{head}: never (none of its steps {t.phase_steps[0]}..{t.phase_steps[1] - 1} held it)")
+                continue
+            now = (f"; checkpoints now in its output that hold it: {', '.join(f'step-{n}' for n in t.checkpoints_now)}"
+                   if t.checkpoints_now else "; no checkpoint in its output holds it yet")
+            lines.append(f"{head}: optimizer steps {_ranges(t.steps)}; first checkpoint that includes it: "
+                         f"step-{t.first_checkpoint}{now}")
+        return "\n".join(lines)
+
+
+def parse_query(text: str) -> tuple[str, str]:
+    """`SOURCE:DOC_ID` -> (source, id); the id may itself hold colons (ingest names documents
+    without an id `FILE:LINE`)."""
+    source, sep, doc_id = text.partition(":")
+    if not sep or not source or not doc_id:
+        raise VoyageError(f"--which-saw: {text!r} is not SOURCE:DOC_ID (e.g. kjv:Genesis-1)")
+    return source, doc_id
+
+
+def which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
+    """Follow document `doc_id` of `source` through the plan's outputs (see the module's doc). A
+    file missing or cut short under a finished output is one VoyageError naming it."""
+    try:
+        return _which_saw(plan, source, doc_id)
+    except FileNotFoundError as e:
+        raise VoyageError(f"--which-saw: {e.filename or e} is missing, though its step is marked done: the "
+                          "prefix is incomplete (a partial copy?)") from None
+    except (EOFError, ValueError) as e:
+        raise VoyageError(f"--which-saw: an output under {plan.store.prefix} cannot be read: {e}") from None
+
+
+def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
+    chain = _chain(plan, source)
+    read: dict[str, str] = {}
+
+    def url(node: Any) -> str:
+        decision = plan[node.name]
+        if not decision.has_output:
+            raise VoyageError(f"--which-saw: {node.name} has no output under {plan.store.prefix} yet "
+                              f"({decision.state}); run the voyage first")
+        read[node.name] = plan.path(node)
+        return plan.path(node)
+
+    mixture_url = url(chain["mixture"])
+    tokens_url = url(chain["tokenize"])
+    dedup_url = url(chain["dedup"]) if "dedup" in chain else None
+    scanned = _input_url(plan, chain["dedup"].step.config.documents) if "dedup" in chain else tokens_documents(
+        plan, chain["tokenize"])
+    if "ingest" in chain:
+        url(chain["ingest"])
+    shards = document_shards(scanned)
+    matches = find_documents(shards, doc_id)
+    if not matches:
+        where = chain.get("ingest", chain.get("dedup", chain["tokenize"])).name
+        raise VoyageError(f"--which-saw: source {source!r} has no document with id {doc_id!r} "
+                          f"({where}: {len(shards)} shard(s) read)")
+    found = matches[0]  # ids are meant to be unique; the first wins, as in the source's order
+
+    keeper, position = None, found.position
+    if dedup_url is not None:
+        removed, keepers = _duplicates(dedup_url)
+        at = int(np.searchsorted(removed, found.gid))
+        if at < removed.size and int(removed[at]) == found.gid:
+            gid = int(keepers[at])
+            keeper = document_at(shards, gid >> 32, gid & 0xFFFFFFFF)
+        target = keeper or found
+        before = int(np.searchsorted(removed, target.gid)) - int(np.searchsorted(removed, target.shard << 32))
+        position = target.position - before
+    shard = (keeper or found).shard
+
+    manifest = read_json(join(tokens_url, MANIFEST))
+    sizes = manifest["shards"]
+    if shard >= len(sizes) or position >= int(sizes[shard]["documents"]):
+        raise VoyageError(f"--which-saw: {chain['tokenize'].name} has no document {position} in shard {shard}: "
+                          "its documents are not the ones this voyage's dedup kept")
+    offsets = _offsets(tokens_url, sizes[shard]["name"], position)
+    shard_start = sum(int(s["tokens"]) for s in sizes[:shard])
+    span = (shard_start + int(offsets[0]), shard_start + int(offsets[1]))
+    document = sum(int(s["documents"]) for s in sizes[:shard]) + position
+
+    mixture = load_mixture(mixture_url)
+    dataset = chain["dataset"]
+    inverse = MixtureInverse(MixtureSampler(mixture))
+    sequences = [r.index for r in inverse.reads(dataset, *span)]
+    training, trained_upto = [], 0
+    for node in chain["training"]:
+        t = _training(plan, node, mixture, sequences)
+        trained_upto = max(trained_upto, t.phase_steps[1] * node.step.config.data.batch_size)
+        training.append(t)
+    untrained = [i for i in sequences if i >= trained_upto] if training else []
+    return Answer(source=source, id=doc_id, found=found, survived=keeper is None, keeper=keeper,
+                  dataset=chain["tokenize"].name, document=document, span=span, sequences=sequences,
+                  untrained=untrained, training=training, steps_read=read, also=matches[1:])
+
+
+# -- the voyage's edges ------------------------------------------------------------------------
+
+def _chain(plan: Plan, source: str) -> dict[str, Any]:
+    """The steps a source's documents go through: ingest, dedup, tokenize, the mixture that names
+    the source, and the training steps that read that mixture."""
+    mixtures = [n for n in plan.dag if n.step.type.name == "mixture"]
+    names = sorted({name for m in mixtures for name in m.step.config.datasets})
+    owners = [m for m in mixtures if source in m.step.config.datasets]
+    if not owners:
+        close = difflib.get_close_matches(source, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise VoyageError(f"--which-saw: no source {source!r} in the voyage's mixtures (sources: "
+                          f"{', '.join(names) or 'none'}){hint}")
+    mix = owners[0]
+    chain: dict[str, Any] = {"mixture": mix, "dataset": source}
+    tok = _producer(plan, mix.step.config.datasets[source])
+    if tok is None or tok.step.type.name != "tokenize":
+        raise VoyageError(f"--which-saw: {mix.name} names {source!r} by something other than a tokenize step's output")
+    chain["tokenize"] = tok
+    docs = _producer(plan, tok.step.config.documents)
+    if docs is not None and docs.step.type.name == "dedup":
+        chain["dedup"] = docs
+        docs = _producer(plan, docs.step.config.documents)
+    if docs is not None and docs.step.type.name == "ingest":
+        chain["ingest"] = docs
+    chain["training"] = [n for n in plan.dag if n.step.type.name in TRAINING_TYPES
+                         and _producer(plan, n.step.config.data.mixture) is mix]
+    return chain
+
+
+def _producer(plan: Plan, value: Any) -> Any:
+    """The DAG node whose output a config value names, or None (a URL or glob of its own)."""
+    if isinstance(value, InputRef):
+        return plan.dag[value.step_name]
+    return None
+
+
+def _input_url(plan: Plan, value: Any) -> str:
+    if isinstance(value, InputRef):
+        base = plan.path(plan.dag[value.step_name])
+        return join(base, value.subpath) if value.subpath else base
+    return str(value)
+
+
+def tokens_documents(plan: Plan, tok: Any) -> str:
+    return _input_url(plan, tok.step.config.documents)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def find_documents(shards: list[str], doc_id: str) -> list[Found]:
+    """Every document whose `id` is `doc_id`, in the shards' order. A line is parsed only when it
+    holds the id's JSON string (any escaping ingest may have written is matched after parsing)."""
+    needles = {json.dumps(doc_id, ensure_ascii=False).encode(), json.dumps(doc_id).encode()}
+    found = []
+    for shard, url in enumerate(shards):
+        position = 0
+        for line in open_lines(url):
+            if not line.strip():
+                continue
+            if any(n in line for n in needles) and json.loads(line).get("id") == doc_id:
+                found.append(Found(doc_id, shard, position))
+            position += 1
+    return found
+
+
+def document_at(shards: list[str], shard: int, position: int) -> Found:
+    """The document at `position` of input shard `shard` (its id)."""
+    k = 0
+    for line in open_lines(shards[shard]):
+        if not line.strip():
+            continue
+        if k == position:
+            return Found(str(json.loads(line).get("id")), shard, position)
+        k += 1
+    raise VoyageError(f"--which-saw: {shards[shard]} has no document {position}: dedup's duplicates.npy does not "
+                      "match the documents it read")
+
+
+def _duplicates(dedup_url: str) -> tuple[np.ndarray, np.ndarray]:
+    """(removed global ids, sorted; their keepers) from a dedup output."""
+    import io
+
+    url = join(dedup_url, "duplicates.npy")
+    fs, path = url_fs(url)
+    try:
+        pairs = np.load(io.BytesIO(fs.cat_file(path)))
+    except FileNotFoundError:
+        raise FileNotFoundError(2, "missing", url) from None
+    except (ValueError, EOFError, OSError) as e:
+        raise ValueError(f"{url} is not dedup's array of pairs ({e})") from None
+    if pairs.ndim != 2 or (pairs.size and pairs.shape[1] != 2):
+        raise ValueError(f"{url} is not dedup's array of pairs (shape {pairs.shape})")
+    if pairs.size == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    order = np.argsort(pairs[:, 0], kind="stable")  # written sorted; sorted again for any writer
+    return pairs[order, 0].astype(np.uint64), pairs[order, 1].astype(np.uint64)
+
+
+def _offsets(tokens_url: str, name: str, position: int) -> np.ndarray:
+    """Offsets [position, position + 1] of a token shard: two int64 read by byte range."""
+    fs, path = url_fs(join(tokens_url, f"shards/{name}.offsets"))
+    data = fs.cat_file(path, position * 8, (position + 2) * 8)
+    if len(data) != 16:
+        raise ValueError(f"{tokens_url}/shards/{name}.offsets is cut short: no offsets for document {position}")
+    return np.frombuffer(data, dtype=np.int64)
+
+
+def _training(plan: Plan, node: Any, mixture: dict[str, Any], sequences: list[int]) -> Training:
+    from steps.train.data import phases
+
+    cfg = node.step.config
+    batch = int(cfg.data.batch_size)
+    phase = node.step.type.name
+    start, end = phases(mixture, batch).range_of(phase)
+    steps = sorted({i // batch for i in sequences if start <= i // batch < end})
+    decision = plan[node.name]
+    first = None
+    if steps:
+        first = first_saved(steps[0], end, cfg.trainer.checkpoint_every, cfg.trainer.permanent_every)
+    now = []
+    if steps and decision.status is not None:
+        now = [n for n in checkpoints_in(plan.path(node)) if n > steps[0]]
+    return Training(step=node.name, phase=phase, state=str(decision.state), steps=steps, phase_steps=(start, end),
+                    first_checkpoint=first, checkpoints_now=now)
+
+
+def first_saved(step: int, end: int, every: int, permanent: int) -> int:
+    """The first checkpoint the trainer writes after optimizer step `step` is done: step-N for the
+    least N > step that is a multiple of `checkpoint_every` or `permanent_every`, or the phase's
+    last step (steps/train/loop.py)."""
+    n = step + 1
+    options = [end]
+    for k in (every, permanent):
+        if k:
+            options.append(math.ceil(n / k) * k)
+    return min(o for o in options if o >= n)
+
+
+def checkpoints_in(output: str) -> list[int]:
+    """The complete checkpoints (`checkpoints/step-N` with a meta.json) of a training output."""
+    fs, path = url_fs(join(output, "checkpoints"))
+    try:
+        names = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    steps = []
+    for name in names:
+        base = posixpath.basename(name.rstrip("/"))
+        if base.startswith("step-") and base[5:].isdigit() and fs.exists(posixpath.join(name, "meta.json")):
+            steps.append(int(base[5:]))
+    return sorted(steps)
+
+
+def _ranges(values: list[int], limit: int = 12) -> str:
+    """`3, 7-9, 12` (at most `limit` runs, then how many more)."""
+    if not values:
+        return "none"
+    runs, lo, prev = [], values[0], values[0]
+    for v in values[1:]:
+        if v == prev + 1:
+            prev = v
+            continue
+        runs.append((lo, prev))
+        lo = prev = v
+    runs.append((lo, prev))
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f", ... ({len(runs) - limit} more runs)" if len(runs) > limit else "")

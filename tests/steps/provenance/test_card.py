@@ -1,0 +1,79 @@
+"""Issue 14, item 5: the model card of the laptop voyage (the session's run, tests/conftest.py):
+both sources with their licences and exact token counts, eval beside its baselines, every
+upstream step's digests, the code's version, and the live page's link to it."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from steps.data.mixture import MixtureSampler
+
+
+@pytest.fixture(scope="module")
+def card(laptop_voyage):
+    lv = laptop_voyage
+    assert lv.summary.outcomes["card/laptop"].state == "SUCCESS", lv.summary.outcomes["card/laptop"].error
+    folder = os.path.join(lv.prefix, lv.plan.dag["card/laptop"].dirname)
+    return lv, folder, json.load(open(os.path.join(folder, "card.json"))), open(os.path.join(folder, "MODEL_CARD.md")).read()
+
+
+def test_card_names_both_sources_with_licences_and_exact_tokens(card):
+    """Tokens per stage and source counted independently: every sequence of the steps trained,
+    located by the sampler (a scan), times the sequence length."""
+    lv, _folder, data, md = card
+    sampler = MixtureSampler(os.path.join(lv.prefix, lv.plan.dag["mixture/laptop"].dirname))
+    counts = {"pretrain": {}, "midtrain": {}}
+    for i in range(400 * 32):  # 320 pretrain steps, 80 midtrain steps of 32 sequences
+        phase = "pretrain" if i < 320 * 32 else "midtrain"
+        name = sampler.locate(i).dataset
+        counts[phase][name] = counts[phase].get(name, 0) + sampler.seq_len
+    stages = {s["phase"]: {n: c["tokens"] for n, c in s["by_dataset"].items()} for s in data["data"]["stages"]}
+    assert stages == counts
+    licences = {"kjv": ["public domain"], "pydocs": ["PSF-2.0"]}
+    for name, v in data["data"]["by_source"].items():
+        assert v["licenses"] == licences[name]
+        assert v["tokens"] == counts["pretrain"][name] + counts["midtrain"][name]
+    assert data["data"]["total"]["tokens"] == 832_000 == lv.plan.dag["mixture/laptop"].step.config.token_budget
+    assert data["data"]["by_license"]["PSF-2.0"]["tokens"] == data["data"]["by_source"]["pydocs"]["tokens"]
+    kjv, pydocs = data["data"]["by_source"]["kjv"]["tokens"], data["data"]["by_source"]["pydocs"]["tokens"]
+    assert re.search(rf"\| kjv \| public domain \| {counts['pretrain']['kjv']:,} \| {counts['midtrain']['kjv']:,} "
+                     rf"\| {kjv:,} \|", md), md
+    assert "| pydocs | PSF-2.0 |" in md and f"{pydocs:,}" in md and "| **all** |" in md
+
+
+def test_card_holds_the_model_eval_digests_and_code(card):
+    lv, _folder, data, md = card
+    plan = lv.plan
+    assert data["model"]["parameters"] == {"total": 363_072, "active": 215_616}  # docs/training.md: tiny
+    assert data["model"]["trained_steps"] == 400 and data["model"]["context"] == 64
+    results = json.load(open(os.path.join(lv.prefix, plan.dag["eval/laptop"].dirname, "results.json")))
+    ev = data["evaluation"]["overall"]
+    assert (ev["loss"], ev["unigram_loss"], ev["bpb"], ev["unigram_bpb"]) == (
+        results["loss"], results["unigram_loss"], results["bpb"], results["unigram_bpb"])
+    assert set(data["evaluation"]["datasets"]) == {"kjv", "pydocs"}
+    assert f"| all | {results['loss']:.4f} | {results['unigram_loss']:.4f} |" in md
+    # every upstream step, by name, with the recipe and output digests the prefix holds
+    upstream = plan.dag.upstream(["card/laptop"]) - {"card/laptop"}
+    assert {u["name"] for u in data["upstream"]} == upstream - {"export/laptop"}
+    for u in data["upstream"]:
+        d = plan[u["name"]]
+        assert u["digest"] == d.node.digest and u["output_digest"] == d.status.output_digest, u["name"]
+        assert f"`{u['digest'][:16]}`" in md
+    head = subprocess.run(["git", "-C", lv.root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert data["code"]["git"]["commit"] == head and isinstance(data["code"]["git"]["dirty"], bool)
+    assert {"python", "torch", "ray", "tokenizers"} <= set(data["code"]["packages"])
+    assert f"git commit `{head}`" in md
+
+
+def test_live_page_links_the_card(card):
+    lv, folder, _data, _md = card
+    pages = glob.glob(os.path.join(lv.prefix, "voyages", "535b", "*", "index.html"))
+    page = open(pages[0]).read()
+    href = re.search(r'<nav id="model-cards">model card: <a href="([^"]+)">card/laptop</a></nav>', page).group(1)
+    assert os.path.samefile(os.path.join(os.path.dirname(pages[0]), href), os.path.join(folder, "MODEL_CARD.md"))
+    run = json.load(open(os.path.join(os.path.dirname(pages[0]), "voyage.json")))["run"]
+    assert run["cards"] == {"card/laptop": href}
