@@ -54,10 +54,13 @@ ANCHOR = Anchor()
 # `simple=True`, an `eqx.filter_checkpoint` around each block with no policy): a block keeps its
 # input and its whole forward runs again in the backward, our "full". Not published for the run.
 ANCHOR_CHECKPOINTING = "full"
-# Levanter's default `per_device_parallelism = -1`: a device's whole share (16 sequences) in one
-# forward, no gradient accumulation. Not published; under full recompute it moves the step by
-# under 1% (docs/training.md).
-ANCHOR_MICROBATCH = 16
+# Not published. Levanter's default (`per_device_parallelism = -1`) is a device's whole share, 16
+# sequences, in one forward; our memory model puts that at 205.5 GiB a GPU (157 GiB without the
+# unchunked loss), far from the anchor's measured 137.9 GiB. Under full recompute, 8 sequences is
+# the micro-batch whose modeled peak comes nearest it (136.8 GiB; 4: 102.4, 16: 205.5), so the
+# published peak picks it (tests/steps/scale/test_scale_anchor.py holds that). The efficiency at
+# 16 would be 36.6% instead of 36.7%; other readings: docs/training.md.
+ANCHOR_MICROBATCH = 8
 # Published: fp32 weights on the device, optimizer state offloaded to pinned host memory: the
 # moments cross NVLink-C2C each step, as `offload="moments"` does here.
 ANCHOR_OFFLOAD = "moments"
@@ -91,8 +94,9 @@ class Calibration:
         a = ANCHOR
         t = self.time
         return (f"the anchor's configuration through the same model: EP{a.ep} x DP{a.dp_replicate}, "
-                f"{a.sequences_per_gpu} sequences a GPU in micro-batches of {self.microbatch}, {self.checkpointing} "
-                f"recompute (assumed), Adam moments on the host, routed experts padded to capacity "
+                f"{a.sequences_per_gpu} sequences a GPU in micro-batches of {self.microbatch} (assumed: the one its "
+                f"peak picks), {self.checkpointing} recompute (assumed: Levanter's default), Adam moments on the host, "
+                f"routed experts padded to capacity "
                 f"{self.stack.capacity_factor:g}, no all-to-all overlap (assumed): {t.compute:.2f} s model FLOPs + "
                 f"{t.routed_extra:.2f} s padding + {t.recompute:.2f} s recompute + {t.exposed:.2f} s exposed "
                 f"communication + {t.optimizer:.2f} s update = {t.total:.2f} s at {self.efficiency:.1%} of peak "

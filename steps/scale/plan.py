@@ -263,8 +263,7 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
             f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
         Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
     )
-    if host:
-        rows += (Row("host memory (pinned, not in the peak)", host, where),)
+    rows += (Row("host memory (pinned, not in the peak)", host, where if host else "nothing offloaded"),)
     time = step_time(cfg, m, hw, context=setup.context, share=setup.batch // m.ranks, microbatch=mb,
                      checkpointing=choice.checkpointing, efficiency=setup.compute_efficiency,
                      replicas_per_rack=per_rack, racks=racks, offload=off, load=setup.load_mean, stack=OURS, sh=sh)

@@ -121,6 +121,7 @@ def test_the_search_picks_one_expert_mesh_a_rack():
     assert (plan.choice.offload, plan.choice.checkpointing, plan.choice.microbatch) == ("moments", "selective", 1)
     assert plan.peak < 140 * GIB and plan.time.total < 17.0
     assert plan.time.efficiency == FULL.calibration.efficiency
+    assert plan.predicted_mfu > FULL.calibration.mfu  # above the anchor's 21.3%, by the same count
     assert plan.racks == 11 and plan.replicas_per_rack == 1  # 8 GPUs a rack spare
     assert plan.fits and plan.peak <= FULL.hardware.limit_bytes
     assert alternatives[0] is plan and all(p.fits for p in alternatives)
