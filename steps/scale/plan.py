@@ -375,8 +375,9 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
             if share % mb:
                 continue
             for mode in (MODES if checkpointing == "auto" else (checkpointing,)):
+                acts = formula_activations(setup, Choice(mesh, mb, mode))  # the same whatever the offload
                 for off in (OFFLOADS if offload == "auto" else (offload,)):
-                    plan = estimate(setup, Choice(mesh, mb, mode, off))
+                    plan = estimate(setup, Choice(mesh, mb, mode, off), acts=acts)
                     if plan.fits:
                         feasible.append(plan)
                     elif _lighter(plan, smallest):

@@ -90,10 +90,10 @@ def anchor_lines(plan: Plan) -> list[str]:
     a = ANCHOR
     ratio = cal.count_ratio
     given = f"given ({cal.efficiency:.1%} calibrated)" if s.efficiency else "calibrated"
-    lines = [f"  against the anchor ({a.step_s:.1f} s a step at {a.mfu:.1%} MFU by its own count, {cal.mfu:.1%} by the "
-             f"trainer's, which counts {ratio - 1:.1%} fewer FLOPs a token):",
-             f"    efficiency while computing {t.efficiency:.1%}, {given}: {cal.describe()}"
-             + (f" (the anchor's step at {s.mfu:.1%} MFU: {cal.target_s:.2f} s)" if s.mfu != a.mfu else ""),
+    what_if = f", what if it ran at {s.mfu:.1%} MFU" if s.mfu != a.mfu else ""
+    lines = [f"  against the anchor{what_if} ({cal.target_s:.1f} s a step at {s.mfu:.1%} MFU by its own count, "
+             f"{cal.mfu:.1%} by the trainer's, which counts {ratio - 1:.1%} fewer FLOPs a token):",
+             f"    efficiency while computing {t.efficiency:.1%}, {given}: {cal.describe()}",
              f"    this plan at that efficiency: {t.total:.2f} s a step, {t.total / cal.target_s:.2f}x the anchor's "
              f"{cal.target_s:.2f} s; {plan.predicted_mfu:.1%} MFU over the step by the trainer's count "
              f"({plan.predicted_mfu * ratio:.1%} by the anchor's)"]
