@@ -67,9 +67,9 @@ def tables() -> None:
     """The dry-run table of the chosen plan and alternatives, measured, beside the anchor modeled
     by the same cost model (its time: the calibration); then what the calibration rests on."""
     from steps.moe.config import PRESETS
+    from steps.scale.anchor import ANCHOR
     from steps.scale.hardware import GIB
     from steps.scale.measure import measure
-    from steps.scale.anchor import ANCHOR
     from steps.scale.plan import Choice, Mesh, Setup, pick
 
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792)
@@ -86,7 +86,7 @@ def tables() -> None:
     width = 12
     head = f"{'':44s}" + "".join(f"{'(' + str(i + 1) + ')':>{width}}" for i in range(len(plans)))
     print()
-    print(f"per GPU, GiB (measured: fake process group of 704 ranks, traced blocks); anchor: published")
+    print("per GPU, GiB (measured: fake process group of 704 ranks, traced blocks); anchor: published")
     print(head + f"{'anchor':>{width}}")
     for k, row in enumerate(plans[0][1].rows):
         print(f"{row.name:44s}" + "".join(f"{p.rows[k].bytes / GIB:{width}.2f}" for _, p in plans) + f"{'':>{width}}")

@@ -24,7 +24,7 @@ from executor import VoyageError
 from steps.scale import memory as mem
 from steps.scale.anchor import ANCHOR, Calibration, calibrate
 from steps.scale.comms import OFFLOADS, OURS, StepTime, flops_per_token, step_time
-from steps.scale.hardware import GB200_NVL72, GB, GIB, Hardware
+from steps.scale.hardware import GB, GB200_NVL72, GIB, Hardware
 from steps.scale.memory import BF16, FP32, MODES, Mesh, Tokens
 
 TIE = 0.02  # relative step-time difference the search treats as a tie

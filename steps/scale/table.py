@@ -8,7 +8,10 @@ import dataclasses
 
 from steps.moe.config import flops_per_token
 from steps.scale.anchor import ANCHOR, ANCHOR_CHECKPOINTING, ANCHOR_MICROBATCH
-from steps.scale.comms import masked_attention_flops_per_token, recompute_flops_per_token
+from steps.scale.comms import (
+    masked_attention_flops_per_token,
+    recompute_flops_per_token,
+)
 from steps.scale.hardware import GIB
 from steps.scale.plan import OFFLOAD_WORDS, Plan, estimate
 
