@@ -8,10 +8,10 @@ from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
     plan, alternatives = pick(setup)          # the fastest that fits, and the runners-up
     plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="selective",
                                   offload="moments"))
+    print(steps.scale.table.format_plan(plan, alternatives))
 
 Step times are at the efficiency while computing calibrated on the anchor (steps/scale/anchor.py)
 unless `Setup.efficiency` fixes one: the figure to hold against the anchor's 17.0 s.
-    print(steps.scale.table.format_plan(plan, alternatives))
 """
 
 from __future__ import annotations
