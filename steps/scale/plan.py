@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from executor import VoyageError
 from steps.scale import memory as mem
@@ -107,15 +107,26 @@ class Row:
 
 @dataclass(frozen=True)
 class Plan:
+    """A choice's memory and time. The peak is computed at once; the memory rows and the step
+    time when first read (the search ranks only what fits, and prints only a few)."""
+
     setup: Setup
     choice: Choice
     racks: int  # racks the mesh spans
     replicas_per_rack: int
-    rows: tuple[Row, ...]
     peak: float  # bytes
-    time: StepTime
     sources: dict[str, str] = field(default_factory=dict)
     host: float = 0.0  # bytes of host memory a GPU's offloaded state takes
+    make_rows: Callable[[], tuple[Row, ...]] = field(default=tuple, repr=False, compare=False)
+    make_time: Callable[[], StepTime] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def rows(self) -> tuple[Row, ...]:
+        return self.make_rows()
+
+    @functools.cached_property
+    def time(self) -> StepTime:
+        return self.make_time()
 
     @property
     def ranks(self) -> int:
@@ -239,36 +250,43 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     reserve = hw.runtime_reserve_gb * 1e9
     peak = on_gpu + reserve + max(at_head, at_block)
     mb = choice.microbatch
-    where = f"on the host ({host / GIB:.1f} GiB of the {hw.host_gb:g} GB a GPU has, limit {hw.host_limit:.0%})"
-    moments_note = {"none": "on the GPU", "moments": "on the host; two parameters' at a time on the GPU in the "
-                    "update, after the backward", "all": "on the host"}[off]
-    rows = (
-        Row("parameters (fp32 shards)", 0 if off == "all" else FP32 * params,
-            f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")),
-        Row("gradients (fp32 shards)", 0 if off == "all" else FP32 * params,
-            "on the host" if off == "all" else "sharded like the parameters (reduce-scatter every micro-batch)"),
-        Row("Adam moments (2 x fp32)", 0 if off != "none" else 2 * FP32 * params, moments_note),
-        Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
-            f"{choice.checkpointing} checkpointing, {acts.source}"),
-        Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
-        Row("  of which all-to-all buffers", a2a,
-            f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
-        Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
-        Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
-        Row("offloaded shards in transit (fp32)", transit,
-            "two blocks' weight shards up, one block's gradients down" if transit else "no weights on the host"),
-        Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
-            f"{setup.load_peak:g}x in one block's buffers (dropless)"),
-        Row("head and loss (own moment)", acts.head + head_unit,
-            f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
-        Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
-    )
-    rows += (Row("host memory (pinned, not in the peak)", host, where if host else "nothing offloaded"),)
-    time = step_time(cfg, m, hw, context=setup.context, share=setup.batch // m.ranks, microbatch=mb,
-                     checkpointing=choice.checkpointing, efficiency=setup.compute_efficiency,
-                     replicas_per_rack=per_rack, racks=racks, offload=off, load=setup.load_mean, stack=OURS, sh=sh)
-    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, rows=rows, peak=peak,
-                time=time, sources=sources or {"shards": "formula", "activations": acts.source}, host=host)
+
+    def rows() -> tuple[Row, ...]:
+        where = f"on the host ({host / GIB:.1f} GiB of the {hw.host_gb:g} GB a GPU has, limit {hw.host_limit:.0%})"
+        moments_note = {"none": "on the GPU", "moments": "on the host; two parameters' at a time on the GPU in the "
+                        "update, after the backward", "all": "on the host"}[off]
+        return (
+            Row("parameters (fp32 shards)", 0 if off == "all" else FP32 * params,
+                f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")),
+            Row("gradients (fp32 shards)", 0 if off == "all" else FP32 * params,
+                "on the host" if off == "all" else "sharded like the parameters (reduce-scatter every micro-batch)"),
+            Row("Adam moments (2 x fp32)", 0 if off != "none" else 2 * FP32 * params, moments_note),
+            Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
+                f"{choice.checkpointing} checkpointing, {acts.source}"),
+            Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
+            Row("  of which all-to-all buffers", a2a,
+                f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
+            Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
+            Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
+            Row("offloaded shards in transit (fp32)", transit,
+                "two blocks' weight shards up, one block's gradients down" if transit else "no weights on the host"),
+            Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
+                f"{setup.load_peak:g}x in one block's buffers (dropless)"),
+            Row("head and loss (own moment)", acts.head + head_unit,
+                f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
+            Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
+            Row("host memory (pinned, not in the peak)", host, where if host else "nothing offloaded"),
+        )
+
+    def time() -> StepTime:
+        return step_time(cfg, m, hw, context=setup.context, share=setup.batch // m.ranks, microbatch=mb,
+                         checkpointing=choice.checkpointing, efficiency=setup.compute_efficiency,
+                         replicas_per_rack=per_rack, racks=racks, offload=off, load=setup.load_mean, stack=OURS,
+                         sh=sh)
+
+    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, peak=peak,
+                sources=sources or {"shards": "formula", "activations": acts.source}, host=host, make_rows=rows,
+                make_time=time)
 
 
 # -- search -------------------------------------------------------------------------------------
