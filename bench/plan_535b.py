@@ -2,10 +2,12 @@
 voyages/535b.py --dry-run` does for its training step (the search, the 48-layer model built on
 meta and sharded by the trainer in a fake process group of 704 ranks, the blocks and the head
 traced under FakeTensorMode), each in a fresh process, against the issue's targets (under 60 s
-and 8 GB). Then the plan of the chosen mesh and of alternatives, side by side with the anchor.
+and 8 GB). Then the plan of the chosen mesh and of alternatives, side by side with the anchor
+modeled by the same cost model, and the calibration under other readings of the anchor.
 
     .venv/bin/python bench/plan_535b.py              # timing (3 runs) and the tables
     .venv/bin/python bench/plan_535b.py --runs 1 --no-tables
+    .venv/bin/python bench/plan_535b.py --host-adam  # torch's CPU AdamW against a copy (offload "all")
 """
 
 from __future__ import annotations
@@ -62,46 +64,123 @@ def timing(runs: int) -> None:
 
 
 def tables() -> None:
-    """The dry-run table of the chosen plan and two alternatives, measured, beside the anchor."""
+    """The dry-run table of the chosen plan and alternatives, measured, beside the anchor modeled
+    by the same cost model (its time: the calibration); then what the calibration rests on."""
     from steps.moe.config import PRESETS
+    from steps.scale.anchor import ANCHOR
     from steps.scale.hardware import GIB
     from steps.scale.measure import measure
-    from steps.scale.plan import ANCHOR, Choice, Mesh, Setup, pick
+    from steps.scale.plan import Choice, Mesh, Setup, pick
 
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792)
+    cal = setup.calibration
     chosen, _ = pick(setup)
     alternatives = [
         ("chosen", chosen.choice),
-        ("least memory", Choice(Mesh(11, 64, 64), 1, "full")),
-        ("anchor-like: selective, Adam on the host (not in the trainer yet)", Choice(Mesh(11, 64, 64), 1, "selective",
-                                                                                     optimizer_on_host=True)),
-        ("EP16 x efsdp 4", Choice(Mesh(11, 64, 16), 2, "full")),
+        ("the former choice: full, Adam on the GPU", Choice(Mesh(11, 64, 64), 2, "full", "none")),
+        ("full recompute, moments on the host", Choice(Mesh(11, 64, 64), 4, "full", "moments")),
+        ("EP16 x efsdp 4", Choice(Mesh(11, 64, 16), 1, "selective", "moments")),
+        ("offload all, no recompute", Choice(Mesh(11, 64, 64), 1, "none", "all")),
     ]
     plans = [(name, measure(setup, c).plan) for name, c in alternatives]
-    width = 14
+    width = 12
+    head = f"{'':44s}" + "".join(f"{'(' + str(i + 1) + ')':>{width}}" for i in range(len(plans)))
     print()
-    print("per GPU, GiB (measured: fake process group of 704 ranks, traced blocks)")
-    print(f"{'':40s}" + "".join(f"{'(' + str(i + 1) + ')':>{width}}" for i in range(len(plans))) + f"{'anchor':>{width}}")
+    print("per GPU, GiB (measured: fake process group of 704 ranks, traced blocks); anchor: published")
+    print(head + f"{'anchor':>{width}}")
     for k, row in enumerate(plans[0][1].rows):
-        print(f"{row.name:40s}" + "".join(f"{p.rows[k].bytes / GIB:{width}.2f}" for _, p in plans)
-              + f"{'':>{width}}")
-    print(f"{'peak':40s}" + "".join(f"{p.peak / GIB:{width}.2f}" for _, p in plans) + f"{ANCHOR['peak_gib']:{width}.1f}")
-    print("per step, one GPU, s (exposed / on its link)")
-    names = sorted({c.name for _, p in plans for c in p.time.collectives}, key=lambda n: n)
+        print(f"{row.name:44s}" + "".join(f"{p.rows[k].bytes / GIB:{width}.2f}" for _, p in plans) + f"{'':>{width}}")
+    print(f"{'peak':44s}" + "".join(f"{p.peak / GIB:{width}.2f}" for _, p in plans) + f"{ANCHOR.peak_gib:{width}.1f}")
+    a = cal.time
+    print(f"per step, one GPU, s (exposed / on its link), at {cal.efficiency:.1%} while computing (calibrated); "
+          f"anchor: its configuration through the same model")
+    print(head + f"{'anchor':>{width}}")
+    names = list(dict.fromkeys(c.name for _, p in plans for c in p.time.collectives))
     for name in names:
         cells = []
-        for _, p in plans:
-            c = next((c for c in p.time.collectives if c.name == name), None)
-            cells.append(f"{c.exposed:5.2f}/{c.seconds:5.2f}" if c else "-")
-        print(f"{name:40s}" + "".join(f"{x:>{width}}" for x in cells))
-    for label, attr in (("compute at 22.9% MFU", "compute"), ("recompute", "recompute"), ("imbalance", "imbalance"),
-                        ("optimizer", "optimizer")):
-        print(f"{label:40s}" + "".join(f"{getattr(p.time, attr):{width}.2f}" for _, p in plans))
-    print(f"{'step':40s}" + "".join(f"{p.time.total:{width}.2f}" for _, p in plans) + f"{ANCHOR['step_s']:{width}.1f}")
-    print(f"{'MFU over the step':40s}" + "".join(f"{p.predicted_mfu:{width}.1%}" for _, p in plans)
-          + f"{ANCHOR['mfu']:{width}.1%}")
+        for t in [p.time for _, p in plans] + [a]:
+            c = next((c for c in t.collectives if c.name == name), None)
+            cells.append(f"{c.exposed:.2f}/{c.seconds:.2f}" if c else "-")
+        print(f"{name:44s}" + "".join(f"{x:>{width}}" for x in cells))
+    for label, attr in (("compute (model FLOPs)", "compute"), ("routed excess (imbalance or padding)", "routed_extra"),
+                        ("masked attention", "masked_attention"), ("recompute", "recompute"),
+                        ("optimizer update", "optimizer"), ("step", "total")):
+        print(f"{label:44s}" + "".join(f"{getattr(t, attr):{width}.2f}" for t in [p.time for _, p in plans] + [a]))
+    print(f"{'MFU over the step (trainer count)':44s}" + "".join(f"{p.predicted_mfu:{width}.1%}" for _, p in plans)
+          + f"{cal.mfu:{width}.1%}")
+    print(f"{'MFU over the step (anchor count)':44s}"
+          + "".join(f"{p.predicted_mfu * cal.count_ratio:{width}.1%}" for _, p in plans) + f"{ANCHOR.mfu:{width}.1%}")
     for i, (name, p) in enumerate(plans):
         print(f"({i + 1}) {name}: {p.choice.describe()}")
+    print(f"anchor: {cal.describe()}")
+    sensitivity(setup, chosen.choice)
+
+
+def sensitivity(setup, choice) -> None:
+    """The calibration under other readings of what the anchor did: the efficiency each gives,
+    the anchor's peak by our memory model under it, and the chosen plan's step at it."""
+    import dataclasses
+
+    from steps.scale.anchor import ANCHOR_STACK, calibrate
+    from steps.scale.hardware import GIB
+    from steps.scale.plan import Choice, Mesh, estimate
+
+    hw = setup.hardware
+    readings = [
+        ("as assumed: full, micro-batch 8", {}),
+        ("full, micro-batch 16 (Levanter's default)", dict(microbatch=16)),
+        ("full, micro-batch 4", dict(microbatch=4)),
+        ("full, micro-batch 1", dict(microbatch=1)),
+        ("selective, micro-batch 1", dict(checkpointing="selective", microbatch=1)),
+        ("no recompute, micro-batch 1", dict(checkpointing="none", microbatch=1)),
+        ("as assumed, combine beside shared experts", dict(stack=dataclasses.replace(ANCHOR_STACK,
+                                                                                     combine_beside_shared=True))),
+        ("selective mb 1, combine beside shared", dict(checkpointing="selective", microbatch=1,
+                                                       stack=dataclasses.replace(ANCHOR_STACK,
+                                                                                 combine_beside_shared=True))),
+        ("as assumed, windows over all keys", dict(stack=dataclasses.replace(ANCHOR_STACK, window_over_all_keys=True))),
+    ]
+    print()
+    print("the calibration under other readings of the anchor (its memory by our model: the same mesh, "
+          "moments on the host, its loss unchunked)")
+    print(f"{'reading':44s}{'efficiency':>11}{'anchor peak':>13}{'chosen step':>13}{'vs 17.0 s':>10}{'MFU':>8}")
+    for name, kw in readings:
+        c = calibrate(hw, setup.mfu, setup.load_mean, setup.context, **kw)
+        anchor_mem = estimate(dataclasses.replace(setup, efficiency=c.efficiency),
+                              Choice(Mesh(11, 64, 64), c.microbatch, c.checkpointing, "moments"))
+        p = estimate(dataclasses.replace(setup, efficiency=c.efficiency), choice)
+        print(f"{name:44s}{c.efficiency:11.1%}{anchor_mem.peak / GIB:9.1f} GiB{p.time.total:11.2f} s"
+              f"{p.time.total / c.target_s:9.2f}x{p.predicted_mfu:8.1%}")
+
+
+def host_adam(n: int = 16_000_000, repeats: int = 5) -> None:
+    """torch's CPU AdamW step (single-tensor: FSDP2's CPUOffloadPolicy path) against the least
+    traffic of an update, 28 bytes a parameter at this machine's copy bandwidth: the share of a
+    memory-bound update it reaches (steps/scale/hardware.py, HOST_ADAM_EFFICIENCY)."""
+    import torch
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n)
+    opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1, foreach=False, fused=False)
+    opt.step()  # state allocated outside the timing
+    src, dst = torch.randn(n), torch.empty(n)
+
+    def best(f) -> float:
+        out = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            f()
+            out = min(out, time.perf_counter() - start)
+        return out
+
+    copy_s = best(lambda: dst.copy_(src))
+    adam_s = best(opt.step)
+    copy_bw = 8 * n / copy_s
+    ideal = 28 * n / copy_bw
+    print(f"host AdamW, {n / 1e6:.0f}M fp32 parameters, {torch.get_num_threads()} threads: copy {copy_bw / 1e9:.1f} GB/s "
+          f"(read + write), AdamW step {adam_s * 1e3:.1f} ms, memory-bound ideal {ideal * 1e3:.1f} ms: "
+          f"{ideal / adam_s:.2f} of it")
 
 
 def main() -> None:
@@ -109,9 +188,13 @@ def main() -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--no-tables", action="store_true")
+    p.add_argument("--host-adam", action="store_true", help="only measure torch's CPU AdamW against a copy")
     args = p.parse_args()
     if args.child:
         child()
+        return
+    if args.host_adam:
+        host_adam()
         return
     timing(args.runs)
     if not args.no_tables:

@@ -9,7 +9,7 @@ Full scale (public figures, DESIGN.md): declared public sources -> ingest -> ded
 pretraining, then 3.75T of midtraining, the switch at 80%) -> pretrain (535B-A23B, batch
 11,264 x 4096, on 11 GB200 NVL72 racks = 792 GPUs) -> midtrain -> eval, and the Hugging Face export.
 
-The training step's mesh, micro-batch and checkpointing come from the plan (steps/scale,
+The training step's mesh, micro-batch, checkpointing and offload come from the plan (steps/scale,
 docs/training.md "The plan at full scale"): every mesh that divides the batch, the experts and
 the racks is estimated, the fastest that fits is built on `meta` with the trainer's own
 sharding in a fake process group of its full size and its blocks traced, and a voyage whose
@@ -40,7 +40,8 @@ from steps.export.to_hf import ExportHFConfig, export_hf
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
 from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
-from steps.scale.plan import ANCHOR, Setup
+from steps.scale.anchor import ANCHOR
+from steps.scale.plan import Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
 from steps.train.eval import EvalConfig, evaluate
@@ -140,13 +141,16 @@ class VoyageConfig:
     laptop: bool = False  # the same DAG at laptop scale: bundled corpus, tiny model, local resources
     seed: int = 0
     gpus: int = 792  # GPUs of the cluster: whole GB200 NVL72 racks of 72 (11 racks)
-    mfu: float = ANCHOR["mfu"]  # MFU assumed while computing (Marin measured 0.229 on this model and cluster)
+    mfu: float = ANCHOR.mfu  # the anchor's MFU over its step (published 0.229): the plan calibrates its
+    # efficiency while computing so that the anchor's configuration takes the step this implies (17.0 s)
+    efficiency: float = 0.0  # share of peak while computing; 0: calibrated on the anchor at `mfu`
     gpu_peak_tflops: float = 2500.0  # dense bf16 peak of one GB200 GPU
     dp_replicate: int = 0  # data-parallel replicas (HSDP across racks); 0: the plan's choice
     dp_shard: int = 0  # FSDP ranks of one replica, inside a rack; 0: the plan's choice
     ep: int = 0  # expert-parallel ranks (inside dp_shard); 0: the plan's choice
     microbatch: int = 0  # sequences a GPU runs at once; 0: the plan's choice
     checkpointing: str = "auto"  # "none", "selective", "full", or "auto" (the plan's choice)
+    offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", or "auto" (the plan's)
 
 
 def scale_of(config: VoyageConfig) -> Scale:
@@ -196,7 +200,7 @@ def setup_of(config: VoyageConfig) -> Setup:
     """What the plan of the full-scale training step is for: the model, the batch, the cluster."""
     scale = FULL
     return Setup(model=dataclasses.replace(scale.model, vocab_size=scale.tokenizer_vocab), batch=scale.batch_size,
-                 context=scale.seq_len - 1, gpus=config.gpus, mfu=config.mfu,
+                 context=scale.seq_len - 1, gpus=config.gpus, mfu=config.mfu, efficiency=config.efficiency,
                  hardware=dataclasses.replace(GB200_NVL72, peak_tflops=config.gpu_peak_tflops))
 
 
@@ -206,8 +210,12 @@ def plan_of(config: VoyageConfig):  # -> (steps.scale.measure.Measured, alternat
 
     if not 0 < config.mfu <= 1:
         raise VoyageError(f"mfu must lie in (0, 1], got {config.mfu}")
+    if not 0 <= config.efficiency <= 1:
+        raise VoyageError(f"efficiency must lie in [0, 1] (0: calibrated on the anchor), got {config.efficiency}")
+    if config.gpu_peak_tflops <= 0:
+        raise VoyageError(f"gpu_peak_tflops must be positive, got {config.gpu_peak_tflops}")
     return plan_for(setup_of(config), config.dp_replicate, config.dp_shard, config.ep, config.microbatch,
-                    config.checkpointing)
+                    config.checkpointing, config.offload)
 
 
 def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resources]:
@@ -219,7 +227,7 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
     choice = plan_of(config)[0].plan.choice
     m = choice.mesh
     parallel = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep,
-                              checkpointing=choice.checkpointing)
+                              checkpointing=choice.checkpointing, offload=choice.offload)
     trainer = TrainerConfig(workers=m.ranks, microbatch=choice.microbatch, parallel=parallel, **common)
     return trainer, dataclasses.replace(scale.train_resources, workers=m.ranks)
 
@@ -290,7 +298,7 @@ def summary(config: VoyageConfig) -> str:
     flops = fpt * trained
     matmul = active - m.vocab_size * m.dim
     step_s = plan.time.total
-    at_mfu = flops / (plan.ranks * plan.setup.hardware.peak_flops * config.mfu)
+    anchor_s = plan.setup.calibration.target_s
     r = measured.reading
     lines = [
         f"budget of the 535B-A23B voyage ({m.n_layers} layers, {m.n_experts} experts top-{m.top_k}, d={m.dim}):",
@@ -305,7 +313,7 @@ def summary(config: VoyageConfig) -> str:
         f"x {trained:.4g} tokens = {flops:.2e}",
         f"  time        {steps:,.0f} steps x {step_s:.2f} s (the plan below) = {steps * step_s / 86400:,.0f} days on "
         f"{plan.ranks} GB200 that train = {steps * step_s * plan.ranks / 3600:,.0f} GPU-hours "
-        f"(compute alone at {config.mfu:.1%} MFU: {at_mfu / 86400:,.0f} days)",
+        f"(at the anchor's {anchor_s:.2f} s a step: {steps * anchor_s / 86400:,.0f} days)",
         "",
         format_plan(plan, list(alternatives), formula=measured.formula,
                     measured_note=(f"measured: the {m.n_layers}-layer model built on meta and sharded by "

@@ -1,22 +1,35 @@
-"""Per optimizer step: the bytes each collective moves from one GPU, its time on its link class,
-what it overlaps, and the step's time next to its compute at an assumed MFU. Torch-free.
+"""Per optimizer step: the FLOPs a GPU executes, the bytes each collective moves from it, its
+time on its link class, what hides it, and the step's time at a kernel efficiency. Torch-free.
+
+The efficiency is the share of peak the kernels reach *while computing*; every FLOP the step
+executes runs at it: the model's FLOPs (the trainer's count), the routed experts' extra rows
+(dropless: the busiest rank's excess; with a capacity factor: every rank's padding), attention
+over keys a mask discards, and the recompute of activation checkpointing. Communication and the
+optimizer take their own time, less what overlaps. `steps/scale/anchor.py` solves for the
+efficiency that makes the anchor's configuration take its published step.
 
 Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
 - expert all-to-all, inside a rack on NVLink: per layer and micro-batch, dispatch and combine
-  in the forward, their reverses in the backward, and again in a `full` recompute (selective
-  keeps their outputs); each moves a rank's N*D bf16 rows, all but the 1/ep that stay. On the
-  critical path: the tokens are needed right away (exposed).
+  in the forward, their reverses in the backward, and the forward pair again in a `full`
+  recompute (selective keeps their outputs); each moves a rank's N*D bf16 rows, all but the 1/ep
+  that stay, at the busiest rank's load. The forward combine is issued asynchronously and runs
+  while the shared experts compute (`Stack.combine_beside_shared`); the dispatch is needed
+  right away, and the backward's all-to-alls wait as they are issued (torch's autograd function
+  for the functional all-to-all waits on its output): exposed.
 - FSDP2 all-gather (bf16 weights, forward and backward) and reduce-scatter (fp32 gradients)
   per block and micro-batch, over dp_shard (efsdp for expert weights), inside a rack: hidden
   behind the block's compute (one block prefetched), exposed only where a block's share of
-  them takes longer than its compute.
+  them takes longer than its compute. With offload "all" each gather first copies the block's
+  fp32 shards from the host, and each reduce-scatter sends its gradients back, over NVLink-C2C
+  on the same streams.
 - HSDP all-reduce of the sharded fp32 gradients across dp_replicate, once a step (after the
   last micro-batch): across racks on the network (within a rack on NVLink when one rack holds
-  several replicas: reduce-scatter in the rack, all-reduce across racks, all-gather in the
-  rack). It runs during the last micro-batch's backward (block by block), so only what exceeds
-  that backward is exposed.
-- optimizer state on the host: its Adam moments cross NVLink-C2C both ways once a step
-  (exposed).
+  several replicas). It runs during the last micro-batch's backward (block by block), so only
+  what exceeds that backward is exposed.
+- the optimizer, after the backward: on the GPU, memory-bound over the shards; with offload
+  "moments" the moments stream over NVLink-C2C both ways beside the update (double-buffered,
+  steps/train/offload.py), so the longer of the two counts; with "all" the update runs on the
+  Grace CPU (FSDP2's CPUOffloadPolicy), at torch's CPU AdamW rate.
 """
 
 from __future__ import annotations
@@ -28,6 +41,31 @@ from typing import Any
 from steps.moe.config import flops_per_token as _flops_per_token, mean_keys
 from steps.scale.hardware import Hardware
 from steps.scale.memory import BF16, FP32, Mesh, Shards, shards
+
+OFFLOADS = ("none", "moments", "all")
+
+# Bytes an update moves a parameter: AdamW reads p, g, m, v and writes p, m, v (7 x fp32); the
+# gradient clipping before it reads g for the norm and reads and writes it to scale it (3 x fp32).
+ADAM_BYTES = 7 * FP32
+CLIP_BYTES = 3 * FP32
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where two training stacks spend a step differently on the same model and mesh: ours
+    (`OURS`), and the anchor's as assumed (steps/scale/anchor.py)."""
+
+    name: str
+    capacity_factor: float = 0.0  # 0: dropless; else every expert's rows are padded (or cut) to this x the mean
+    combine_beside_shared: bool = True  # the forward's combine all-to-all runs while the shared experts compute
+    window_over_all_keys: bool = True  # sliding-window layers run a dense masked kernel over every key
+
+
+# The trainer of this repository: dropless all-to-all (steps/moe/expert_parallel.py), the shared
+# experts computed while the combine is in flight, and sliding-window layers through SDPA's
+# memory-efficient kernel with a boolean band mask, which computes every key block (docs/moe.md:
+# a block-sparse kernel that skips them is the later fix).
+OURS = Stack("this trainer")
 
 
 @functools.lru_cache(maxsize=256)
@@ -45,23 +83,41 @@ def block_flops_per_token(cfg: Any, context: int) -> tuple[float, float]:
 
 
 @functools.lru_cache(maxsize=256)
+def masked_attention_flops_per_token(cfg: Any, context: int) -> float:
+    """Forward FLOPs per token that a dense masked kernel spends on keys outside the window:
+    every key of the context is scored and weighed, the model's count has the window's."""
+    return sum(4 * cfg.n_heads * cfg.head_dim * (context - mean_keys(context, cfg.sliding_window))
+               for i in range(cfg.n_layers) if not cfg.is_global(i) and cfg.sliding_window < context)
+
+
+@functools.lru_cache(maxsize=256)
 def recompute_flops_per_token(cfg: Any, context: int, mode: str) -> float:
-    """FLOPs a checkpointing mode runs again in the backward, per token: `full` the blocks'
-    whole forward; `selective` the output projections (attention's wo, the shared and routed
-    experts' w2), whose outputs it does not keep (steps/train/recompute.py)."""
+    """FLOPs a checkpointing mode runs again in the backward, per token (model FLOPs: the routed
+    experts at the mean load): `full` the blocks' whole forward; `selective` the output
+    projections (attention's wo, the shared and routed experts' w2), whose outputs it does not
+    keep (steps/train/recompute.py)."""
     if mode == "none":
         return 0.0
     if mode == "full":
         return block_flops_per_token(cfg, context)[0]
-    d = cfg.dim
-    wo = d * cfg.n_heads * cfg.head_dim
-    w2 = d * cfg.shared_expert_dim * cfg.n_shared_experts + cfg.top_k * d * cfg.expert_dim
-    return 2.0 * cfg.n_layers * (wo + w2)
+    return 2.0 * cfg.n_layers * (_wo(cfg) + _shared_w2(cfg) + _routed_w2(cfg))
+
+
+def _wo(cfg: Any) -> int:
+    return cfg.dim * cfg.n_heads * cfg.head_dim
+
+
+def _shared_w2(cfg: Any) -> int:
+    return cfg.dim * cfg.shared_expert_dim * cfg.n_shared_experts
+
+
+def _routed_w2(cfg: Any) -> int:
+    return cfg.top_k * cfg.dim * cfg.expert_dim
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One kind of collective over a step, for one GPU."""
+    """One kind of collective (or host copy) over a step, for one GPU."""
 
     name: str
     link: str  # "nvlink", "network", "host"
@@ -75,11 +131,20 @@ class Collective:
 
 @dataclass(frozen=True)
 class StepTime:
-    compute: float  # model FLOPs at the assumed MFU
-    imbalance: float  # the busiest rank's extra routed-expert work
-    recompute: float  # FLOPs of the checkpointing mode at the same rate
+    """One optimizer step of one GPU, in seconds, at `efficiency` of peak while computing."""
+
+    efficiency: float
+    compute: float  # the model's FLOPs (the trainer's count)
+    routed_extra: float  # dropless: the busiest rank's excess rows; capacity: every rank's padding
+    masked_attention: float  # keys a dense masked kernel scores outside the window
+    recompute: float  # FLOPs of the checkpointing mode (with its share of the two above)
     collectives: tuple[Collective, ...]
-    optimizer: float  # the AdamW update, memory-bound
+    optimizer: float  # the AdamW update and clipping, where it runs (GPU: HBM-bound; host: CPU)
+
+    @property
+    def executed(self) -> float:
+        """Time spent computing: everything that runs at the efficiency."""
+        return self.compute + self.routed_extra + self.masked_attention + self.recompute
 
     @property
     def exposed(self) -> float:
@@ -87,7 +152,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.compute + self.imbalance + self.recompute + self.exposed + self.optimizer
+        return self.executed + self.exposed + self.optimizer
 
 
 flops_per_token = functools.lru_cache(maxsize=256)(_flops_per_token)
@@ -99,31 +164,55 @@ def _ring(ranks: int) -> float:
 
 
 def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, microbatch: int,
-              checkpointing: str, mfu: float, replicas_per_rack: int, racks: int,
-              optimizer_on_host: bool, load: float, sh: Shards | None = None) -> StepTime:
+              checkpointing: str, efficiency: float, replicas_per_rack: int, racks: int, offload: str,
+              load: float, stack: Stack = OURS, sh: Shards | None = None) -> StepTime:
     """The time of one optimizer step on one GPU. `share` sequences a rank per step, `microbatch`
     of them per forward; `replicas_per_rack`: dp_shard groups that share a rack; `racks` the racks
-    the mesh spans; `load` the busiest expert-parallel rank's rows over the mean; `sh` the shards
-    (measured, or by default the closed form)."""
+    the mesh spans; `offload` where the optimizer state lives (OFFLOADS); `load` the busiest
+    expert-parallel rank's rows over the mean; `stack` what the training code does; `sh` the
+    shards (measured, or by default the closed form)."""
+    if offload not in OFFLOADS:
+        raise ValueError(f"offload must be one of {OFFLOADS}, got {offload!r}")
     micro = share // microbatch
     tokens = share * context  # per rank per step
     mb_tokens = microbatch * context
-    rate = hw.peak_flops * mfu
-    fpt = flops_per_token(cfg, context)
-    block_fwd, routed_fwd = block_flops_per_token(cfg, context)
-    compute = tokens * fpt / rate
-    imbalance = tokens * 3 * routed_fwd * (load - 1) / rate if mesh.ep > 1 else 0.0
-    recompute = tokens * recompute_flops_per_token(cfg, context, checkpointing) / rate
-    lat = hw.collective_latency_us * 1e-6
+    rate = hw.peak_flops * efficiency
     L = cfg.n_layers
+    block_fwd, routed_fwd = block_flops_per_token(cfg, context)
+    ep = mesh.ep > 1
+    # rows the routed experts compute, over the mean: the busiest rank's (dropless) or the padded buffers
+    routed = (stack.capacity_factor or load) if ep or stack.capacity_factor else 1.0
+    masked_fwd = masked_attention_flops_per_token(cfg, context) if stack.window_over_all_keys else 0.0
+    extra_fwd = routed_fwd * (routed - 1)
+    if checkpointing == "full":
+        again = block_fwd + extra_fwd + masked_fwd
+    elif checkpointing == "selective":
+        again = recompute_flops_per_token(cfg, context, "selective") + 2.0 * L * _routed_w2(cfg) * (routed - 1)
+    else:
+        again = 0.0
+    compute = tokens * flops_per_token(cfg, context) / rate
+    routed_extra = tokens * 3 * extra_fwd / rate
+    masked = tokens * 3 * masked_fwd / rate
+    recompute = tokens * again / rate
+    exec_fwd = block_fwd + extra_fwd + masked_fwd  # a block's forward as executed, all blocks, per token
+    lat = hw.collective_latency_us * 1e-6
+    link_s = hw.link_bytes_per_s("nvlink")
+    host_s = hw.link_bytes_per_s("host")
     out: list[Collective] = []
 
-    if mesh.ep > 1:  # dispatch + combine, forward + backward (+ forward again under full)
-        per_call = BF16 * mb_tokens * cfg.top_k * cfg.dim * _ring(mesh.ep) * load
-        calls = L * micro * (6 if checkpointing == "full" else 4)
-        seconds = calls * (per_call / hw.link_bytes_per_s("nvlink") + lat)
-        out.append(Collective("expert all-to-all", "nvlink", f"ep {mesh.ep}", calls * per_call, calls, seconds,
-                              seconds, "none: its tokens are needed next"))
+    if ep:
+        moved = min(load, stack.capacity_factor) if stack.capacity_factor else load
+        per_call = BF16 * mb_tokens * cfg.top_k * cfg.dim * _ring(mesh.ep) * moved
+        t_call = per_call / link_s + lat
+        sends = 2 if checkpointing == "full" else 1  # forward passes that send tokens
+        calls = L * micro * (2 * sends + 2)
+        beside = L * micro * sends if stack.combine_beside_shared else 0
+        shared_fwd = mb_tokens * 2 * 3 * _shared_w2(cfg) / rate  # one layer's shared experts, forward
+        exposed = (calls - beside) * t_call + beside * max(0.0, t_call - shared_fwd)
+        overlap = ("the forward's combine: the shared experts; the rest none (needed next)"
+                   if beside else "none: its tokens are needed next")
+        out.append(Collective("expert all-to-all", "nvlink", f"ep {mesh.ep}", calls * per_call, calls,
+                              calls * t_call, exposed, overlap))
 
     sh = sh or shards(cfg, mesh)
     dense_full = sh.dense_per_block * mesh.dp_shard
@@ -132,32 +221,43 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     rs_block = FP32 * (dense_full * _ring(mesh.dp_shard) + expert_full * _ring(mesh.efsdp))
     ends = (sh.embed + sh.head) * mesh.dp_shard
     ag_ends, rs_ends = BF16 * ends * _ring(mesh.dp_shard), FP32 * ends * _ring(mesh.dp_shard)
-    link_s = hw.link_bytes_per_s("nvlink")
-    if ag_block or ag_ends:
-        per_block_fwd = mb_tokens * block_fwd / L / rate
-        per_block_bwd = 2 * per_block_fwd + mb_tokens * recompute_flops_per_token(cfg, context, checkpointing) / L / rate
-        ag_t, rs_t = ag_block / link_s, rs_block / link_s
+    # offload "all": a block's fp32 shards come from the host before each gather, its fp32
+    # gradient shards go back after each reduce-scatter
+    c2c_block = FP32 * (sh.dense_per_block + sh.experts_per_block) if offload == "all" else 0
+    c2c_ends = FP32 * (sh.embed + sh.head) if offload == "all" else 0
+    if ag_block or ag_ends or c2c_block:
+        per_block_fwd = mb_tokens * exec_fwd / L / rate
+        per_block_bwd = 2 * per_block_fwd + mb_tokens * again / L / rate
+        ag_t = ag_block / link_s + c2c_block / host_s
+        rs_t = rs_block / link_s + c2c_block / host_s
         exposed_mb = L * (max(0.0, ag_t - per_block_fwd) + max(0.0, ag_t + rs_t - per_block_bwd)) + ag_t
+        exposed = micro * (exposed_mb + (ag_ends + rs_ends) / link_s + 3 * c2c_ends / host_s)
         ag_calls = micro * (2 * L + 3)
         rs_calls = micro * (L + 2)
         ag_bytes = micro * (2 * L * ag_block + 2 * ag_ends)
         rs_bytes = micro * (L * rs_block + rs_ends)
+        c2c_bytes = micro * (3 * L * c2c_block + 3 * c2c_ends)  # up twice (forward, backward), down once
         ag_s = ag_bytes / link_s + ag_calls * lat
         rs_s = rs_bytes / link_s + rs_calls * lat
-        share_ag = ag_s / (ag_s + rs_s) if ag_s + rs_s else 0.0
-        exposed = micro * (exposed_mb + (ag_ends + rs_ends) / link_s)
-        out.append(Collective("FSDP all-gather (bf16 weights)", "nvlink", f"dp_shard {mesh.dp_shard}"
-                              + (f", efsdp {mesh.efsdp}" if mesh.efsdp > 1 else ""), ag_bytes, ag_calls, ag_s,
-                              exposed * share_ag, "the previous block's compute (one block prefetched)"))
-        out.append(Collective("FSDP reduce-scatter (fp32 grads)", "nvlink", f"dp_shard {mesh.dp_shard}", rs_bytes,
-                              rs_calls, rs_s, exposed * (1 - share_ag), "the next block's backward"))
+        c2c_s = c2c_bytes / host_s
+        whole = ag_s + rs_s + c2c_s
+        group = f"dp_shard {mesh.dp_shard}" + (f", efsdp {mesh.efsdp}" if mesh.efsdp > 1 else "")
+        if ag_bytes or rs_bytes:
+            out.append(Collective("FSDP all-gather (bf16 weights)", "nvlink", group, ag_bytes, ag_calls, ag_s,
+                                  exposed * ag_s / whole, "the previous block's compute (one block prefetched)"))
+            out.append(Collective("FSDP reduce-scatter (fp32 grads)", "nvlink", f"dp_shard {mesh.dp_shard}",
+                                  rs_bytes, rs_calls, rs_s, exposed * rs_s / whole, "the next block's backward"))
+        if c2c_bytes:
+            out.append(Collective("offloaded shards host <-> GPU (fp32)", "host", "NVLink-C2C", c2c_bytes,
+                                  micro * (3 * L + 3), c2c_s, exposed * c2c_s / whole,
+                                  "a block's compute, with its gather and reduce-scatter"))
 
     if mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
         grad_bytes = FP32 * sh.total(L)
         in_rack = min(replicas_per_rack, mesh.dp_replicate)
         nv_bytes = 2 * grad_bytes * _ring(in_rack)
         net_bytes = 2 * grad_bytes / in_rack * _ring(racks)
-        last_bwd = (mb_tokens * (2 * block_fwd) + mb_tokens * recompute_flops_per_token(cfg, context, checkpointing)) / rate
+        last_bwd = mb_tokens * (2 * exec_fwd + again) / rate
         net_s = net_bytes / hw.link_bytes_per_s("network") + (2 * L * lat if racks > 1 else 0.0)
         nv_s = nv_bytes / link_s + (2 * L * lat if in_rack > 1 else 0.0)
         hidden = last_bwd
@@ -172,11 +272,14 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
                                   max(0.0, net_s - hidden), "the last micro-batch's backward"))
 
     params = sh.total(L)
-    if optimizer_on_host:
+    if offload == "all":
+        optimizer = params * (ADAM_BYTES + CLIP_BYTES) / hw.host_update_bytes_per_s()
+    else:
+        optimizer = params * (ADAM_BYTES + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
+    if offload == "moments":
         moved = 2 * FP32 * params  # both moments, each way
-        seconds = moved / hw.link_bytes_per_s("host")
-        out.append(Collective("Adam moments host <-> GPU", "host", "NVLink-C2C", moved, 2, seconds, seconds,
-                              "none (before and after the update)"))
-    optimizer = params * (3 * FP32 + 4 * FP32) / (hw.hbm_tbps * 1e12)  # read p, g, m, v; write p, m, v
-    return StepTime(compute=compute, imbalance=imbalance, recompute=recompute, collectives=tuple(out),
-                    optimizer=optimizer)
+        seconds = moved / host_s
+        out.append(Collective("Adam moments host <-> GPU", "host", "NVLink-C2C", moved, 2, seconds,
+                              max(0.0, seconds - optimizer), "the update (side stream, double-buffered)"))
+    return StepTime(efficiency=efficiency, compute=compute, routed_extra=routed_extra, masked_attention=masked,
+                    recompute=recompute, collectives=tuple(out), optimizer=optimizer)

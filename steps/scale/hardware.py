@@ -8,6 +8,13 @@ from dataclasses import dataclass
 GB = 1e9
 GIB = 2**30
 
+# torch.optim.AdamW's single-tensor CPU step (the path FSDP2's CPUOffloadPolicy runs: offload="all")
+# against the least traffic of an update (28 bytes a parameter at the machine's copy bandwidth):
+# 0.28 measured with `bench/plan_535b.py --host-adam` on this project's x86 machine (16M fp32
+# parameters, 2 threads; eight separate elementwise passes instead of one fused one). Assumed to
+# carry to a Grace CPU: no Grace figure is at hand.
+HOST_ADAM_EFFICIENCY = 0.28
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -23,6 +30,10 @@ class Hardware:
     network_gbits: float = 400.0  # between racks, Gb/s per GPU (one 400G NIC per GPU)
     host_link_gbps: float = 450.0  # NVLink-C2C to the Grace CPU, GB/s each way per GPU
     host_gb: float = 240.0  # host memory per GPU: 480 GB LPDDR5X per Grace, one Grace per 2 GPUs
+    gpus_per_host: int = 2  # GPUs sharing one Grace CPU and its memory (a GB200 superchip)
+    host_mem_gbps: float = 512.0  # LPDDR5X bandwidth of one Grace, GB/s (spec: up to 512)
+    host_limit: float = 0.75  # pinned optimizer state a plan may put in a GPU's share of host memory
+    # (the rest: the OS, the data loader, Ray, checkpoint staging)
     link_efficiency: float = 0.8  # share of a link's rate a collective reaches (bus bandwidth)
     collective_latency_us: float = 20.0  # fixed cost of one collective call
     runtime_reserve_gb: float = 4.0  # CUDA context, NCCL communicators and cuBLAS workspaces
@@ -38,6 +49,12 @@ class Hardware:
     @property
     def peak_flops(self) -> float:
         return self.peak_tflops * 1e12
+
+    def host_update_bytes_per_s(self) -> float:
+        """Bytes/s of AdamW's ideal traffic one GPU's CPU update reaches: the Grace's memory at the
+        links' efficiency (a copy's share of spec), times the share of that torch's CPU AdamW
+        reaches (HOST_ADAM_EFFICIENCY, measured), split between the GPUs that share the Grace."""
+        return self.host_mem_gbps * GB * self.link_efficiency * HOST_ADAM_EFFICIENCY / self.gpus_per_host
 
     def link_bytes_per_s(self, link: str) -> float:
         """Effective bytes/s one GPU moves each way on a link class ("nvlink", "network", "host")."""
@@ -55,6 +72,9 @@ class Hardware:
             f"its host ({self.host_gb:g} GB host memory a GPU); collectives reach {self.link_efficiency:.0%} "
             f"of a link, +{self.collective_latency_us:g} us a call; {self.runtime_reserve_gb:g} GB a GPU "
             f"for the CUDA context, NCCL and cuBLAS",
+            f"host: one Grace per {self.gpus_per_host} GPUs, {self.host_mem_gbps:g} GB/s LPDDR5X; torch's CPU AdamW "
+            f"reaches {HOST_ADAM_EFFICIENCY:.0%} of a memory-bound update (measured on x86: bench/plan_535b.py "
+            f"--host-adam); pinned optimizer state under {self.host_limit:.0%} of the host memory a GPU",
         ]
 
 

@@ -53,6 +53,7 @@ def read_shards(cfg: Any, choice: Choice, rank: int = 0) -> ShardReading:
     from steps.train.parallel import build_meshes, mixed_precision, parallelize
 
     m = choice.mesh
+    # the offload moves no shard: the same shapes live on the host or the GPU
     pc = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep, checkpointing=choice.checkpointing)
     start = time.perf_counter()
     with fake_world(m.ranks, rank=rank):
@@ -128,11 +129,11 @@ def measure(setup: Setup, choice: Choice) -> Measured:
 
 @functools.lru_cache(maxsize=8)
 def plan_for(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
-             checkpointing: str = "auto") -> tuple[Measured, tuple[Plan, ...]]:
+             checkpointing: str = "auto", offload: str = "auto") -> tuple[Measured, tuple[Plan, ...]]:
     """The search's choice for the fields given (steps.scale.plan.pick), measured; and the
     alternatives. A VoyageError when nothing divides or fits, or when the measured figures do
     not fit where the closed form did. Cached: a voyage and its summary plan once."""
-    chosen, alternatives = pick(setup, dp_replicate, dp_shard, ep, microbatch, checkpointing)
+    chosen, alternatives = pick(setup, dp_replicate, dp_shard, ep, microbatch, checkpointing, offload)
     measured = measure(setup, chosen.choice)
     if not measured.plan.fits:
         raise VoyageError(shortfall(measured.plan, "measured, the search's choice"))

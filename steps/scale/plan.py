@@ -4,29 +4,30 @@ or does not fit, and the search for the fastest meshes that do. Torch-free: the 
 from the closed forms (steps/scale/memory.py, comms.py) or from a measurement
 (steps/scale/measure.py) passed in.
 
-    setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792, mfu=0.229)
+    setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792)
     plan, alternatives = pick(setup)          # the fastest that fits, and the runners-up
-    plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="full"))
+    plan = estimate(setup, Choice(Mesh(11, 64, 64), microbatch=1, checkpointing="selective",
+                                  offload="moments"))
     print(steps.scale.table.format_plan(plan, alternatives))
+
+Step times are at the efficiency while computing calibrated on the anchor (steps/scale/anchor.py)
+unless `Setup.efficiency` fixes one: the figure to hold against the anchor's 17.0 s.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from executor import VoyageError
 from steps.scale import memory as mem
-from steps.scale.comms import StepTime, flops_per_token, step_time
-from steps.scale.hardware import GB200_NVL72, GIB, Hardware
+from steps.scale.anchor import ANCHOR, Calibration, calibrate
+from steps.scale.comms import OFFLOADS, OURS, StepTime, flops_per_token, step_time
+from steps.scale.hardware import GB, GB200_NVL72, GIB, Hardware
 from steps.scale.memory import BF16, FP32, MODES, Mesh, Tokens
 
 TIE = 0.02  # relative step-time difference the search treats as a tie
-
-# Marin's published hero configuration for this model on GB200 NVL72 (docs/training.md).
-ANCHOR = {"mesh": "EP64 per rack x DP11 across racks, 704 GPUs", "peak_gib": 137.9, "step_s": 17.0, "mfu": 0.229,
-          "sequences_per_gpu": 16, "optimizer": "host", "capacity_factor": 1.15, "dropped": 0.00018}
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,22 @@ class Setup:
     batch: int  # sequences per optimizer step
     context: int  # tokens a sequence feeds (the mixture's seq_len - 1)
     gpus: int  # GPUs of the cluster
-    mfu: float = ANCHOR["mfu"]  # model FLOPs / peak while computing (recompute and exposed comms come on top)
+    mfu: float = ANCHOR.mfu  # the anchor's MFU over its whole step (its count): calibrates the efficiency
+    efficiency: float = 0.0  # share of peak while computing; 0: calibrated on the anchor at `mfu`
     hardware: Hardware = GB200_NVL72
     load_mean: float = 1.1  # busiest expert-parallel rank's rows over the mean, on average (time)
     load_peak: float = 1.25  # ... in the worst micro-batch (memory headroom: dropless buffers)
+
+    @property
+    def calibration(self) -> Calibration:
+        """The anchor's configuration through the same model, at the efficiency that makes it
+        take its step (17.0 s at the published 22.9%; `mfu` what-ifs scale it)."""
+        return calibrate(self.hardware, self.mfu, self.load_mean, self.context)
+
+    @property
+    def compute_efficiency(self) -> float:
+        """The share of peak the kernels reach while computing: `efficiency`, or the calibrated one."""
+        return self.efficiency or self.calibration.efficiency
 
     @property
     def racks(self) -> int:
@@ -55,19 +68,24 @@ class Setup:
 
 @dataclass(frozen=True)
 class Choice:
-    """What the voyage picks: the mesh, the micro-batch, checkpointing, where Adam's moments live."""
+    """What the voyage picks: the mesh, the micro-batch, checkpointing, and what lives on the
+    host (`offload`, steps.train.config.ParallelConfig: none, moments, all)."""
 
     mesh: Mesh
     microbatch: int
     checkpointing: str
-    optimizer_on_host: bool = False
+    offload: str = "none"
 
     def describe(self) -> str:
         m = self.mesh
         ep = f"EP{m.ep}" + (f" x efsdp {m.efsdp}" if m.efsdp > 1 else "")
         ac = "no" if self.checkpointing == "none" else self.checkpointing
         return (f"dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} ({ep}), micro-batch {self.microbatch}, "
-                f"{ac} checkpointing, Adam on {'host' if self.optimizer_on_host else 'GPU'}")
+                f"{ac} checkpointing, {OFFLOAD_WORDS[self.offload]}")
+
+
+OFFLOAD_WORDS = {"none": "Adam on the GPU", "moments": "Adam moments on the host",
+                 "all": "weights, grads and Adam on the host"}
 
 
 @dataclass(frozen=True)
@@ -89,14 +107,26 @@ class Row:
 
 @dataclass(frozen=True)
 class Plan:
+    """A choice's memory and time. The peak is computed at once; the memory rows and the step
+    time when first read (the search ranks only what fits, and prints only a few)."""
+
     setup: Setup
     choice: Choice
     racks: int  # racks the mesh spans
     replicas_per_rack: int
-    rows: tuple[Row, ...]
     peak: float  # bytes
-    time: StepTime
     sources: dict[str, str] = field(default_factory=dict)
+    host: float = 0.0  # bytes of host memory a GPU's offloaded state takes
+    make_rows: Callable[[], tuple[Row, ...]] = field(default=tuple, repr=False, compare=False)
+    make_time: Callable[[], StepTime] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def rows(self) -> tuple[Row, ...]:
+        return self.make_rows()
+
+    @functools.cached_property
+    def time(self) -> StepTime:
+        return self.make_time()
 
     @property
     def ranks(self) -> int:
@@ -104,10 +134,17 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.setup.hardware.limit_bytes
+        hw = self.setup.hardware
+        return self.peak <= hw.limit_bytes and self.fits_host
+
+    @property
+    def fits_host(self) -> bool:
+        hw = self.setup.hardware
+        return self.host <= hw.host_limit * hw.host_gb * GB
 
     @property
     def predicted_mfu(self) -> float:
+        """MFU over the whole step by the trainer's FLOP count, at the plan's efficiency."""
         s = self.setup
         flops = s.batch * s.context * flops_per_token(s.model, s.context)
         return flops / (self.ranks * s.hardware.peak_flops * self.time.total)
@@ -203,36 +240,53 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     a2a = BF16 * t.N * cfg.dim * (1 + setup.load_peak) if m.ep > 1 else 0
     headroom = mem.imbalance_bytes(cfg, t, choice.checkpointing, setup.load_mean, setup.load_peak)
     head_unit = BF16 * (sh.head * m.dp_shard)
-    static = FP32 * params * 2 + (0 if choice.optimizer_on_host else 2 * FP32 * params)
-    at_head = kept + headroom + head_unit + acts.head + BF16 * gathered  # the last block's weights prefetched
-    at_block = kept + headroom + working + ag + rs
-    reserve = setup.hardware.runtime_reserve_gb * 1e9
-    peak = static + reserve + max(at_head, at_block)
+    off = choice.offload
+    on_gpu = {"none": 4, "moments": 2, "all": 0}[off] * FP32 * params  # weights, grads, moments
+    host = {"none": 0, "moments": 2, "all": 4}[off] * FP32 * params
+    transit = 3 * FP32 * (sh.dense_per_block + sh.experts_per_block) if off == "all" else 0
+    at_head = kept + headroom + head_unit + acts.head + BF16 * gathered + transit  # last block prefetched
+    at_block = kept + headroom + working + ag + rs + transit
+    hw = setup.hardware
+    reserve = hw.runtime_reserve_gb * 1e9
+    peak = on_gpu + reserve + max(at_head, at_block)
     mb = choice.microbatch
-    rows = (
-        Row("parameters (fp32 shards)", FP32 * params, f"{params / 1e9:.2f}B elements on the largest rank"),
-        Row("gradients (fp32 shards)", FP32 * params, "sharded like the parameters (reduce-scatter every micro-batch)"),
-        Row("Adam moments (2 x fp32)", 0 if choice.optimizer_on_host else 2 * FP32 * params,
-            f"on the host ({2 * FP32 * params / GIB:.1f} GiB of {setup.hardware.host_gb:g} GB)"
-            if choice.optimizer_on_host else "on the GPU"),
-        Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
-            f"{choice.checkpointing} checkpointing, {acts.source}"),
-        Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
-        Row("  of which all-to-all buffers", a2a,
-            f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
-        Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
-        Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
-        Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
-            f"{setup.load_peak:g}x in one block's buffers (dropless)"),
-        Row("head and loss (own moment)", acts.head + head_unit,
-            f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
-        Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
-    )
-    time = step_time(cfg, m, setup.hardware, context=setup.context, share=setup.batch // m.ranks,
-                     microbatch=mb, checkpointing=choice.checkpointing, mfu=setup.mfu, replicas_per_rack=per_rack,
-                     racks=racks, optimizer_on_host=choice.optimizer_on_host, load=setup.load_mean, sh=sh)
-    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, rows=rows, peak=peak,
-                time=time, sources=sources or {"shards": "formula", "activations": acts.source})
+
+    def rows() -> tuple[Row, ...]:
+        where = f"on the host ({host / GIB:.1f} GiB of the {hw.host_gb:g} GB a GPU has, limit {hw.host_limit:.0%})"
+        moments_note = {"none": "on the GPU", "moments": "on the host; two parameters' at a time on the GPU in the "
+                        "update, after the backward", "all": "on the host"}[off]
+        return (
+            Row("parameters (fp32 shards)", 0 if off == "all" else FP32 * params,
+                f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")),
+            Row("gradients (fp32 shards)", 0 if off == "all" else FP32 * params,
+                "on the host" if off == "all" else "sharded like the parameters (reduce-scatter every micro-batch)"),
+            Row("Adam moments (2 x fp32)", 0 if off != "none" else 2 * FP32 * params, moments_note),
+            Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
+                f"{choice.checkpointing} checkpointing, {acts.source}"),
+            Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
+            Row("  of which all-to-all buffers", a2a,
+                f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
+            Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
+            Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
+            Row("offloaded shards in transit (fp32)", transit,
+                "two blocks' weight shards up, one block's gradients down" if transit else "no weights on the host"),
+            Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
+                f"{setup.load_peak:g}x in one block's buffers (dropless)"),
+            Row("head and loss (own moment)", acts.head + head_unit,
+                f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
+            Row("runtime reserve", reserve, "CUDA context, NCCL, cuBLAS (assumed)"),
+            Row("host memory (pinned, not in the peak)", host, where if host else "nothing offloaded"),
+        )
+
+    def time() -> StepTime:
+        return step_time(cfg, m, hw, context=setup.context, share=setup.batch // m.ranks, microbatch=mb,
+                         checkpointing=choice.checkpointing, efficiency=setup.compute_efficiency,
+                         replicas_per_rack=per_rack, racks=racks, offload=off, load=setup.load_mean, stack=OURS,
+                         sh=sh)
+
+    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, peak=peak,
+                sources=sources or {"shards": "formula", "activations": acts.source}, host=host, make_rows=rows,
+                make_time=time)
 
 
 # -- search -------------------------------------------------------------------------------------
@@ -261,12 +315,22 @@ def _key(plan: Plan) -> tuple[float, int, float]:
 
 
 def shortfall(plan: Plan, which: str = "its least-memory mesh") -> str:
-    """One line naming the memory a plan lacks."""
+    """One line naming the memory a plan lacks: the GPU's, or else the host's."""
     hw = plan.setup.hardware
-    need, have = plan.peak / GIB, hw.limit_bytes / GIB
-    return (f"the step does not fit on {plan.setup.gpus} GPUs: {which} ({plan.choice.describe()}) "
-            f"needs {need:,.1f} GiB a GPU, {need - have:,.1f} GiB more than {hw.hbm_limit:.0%} of the "
-            f"{hw.hbm_gb:g} GB of a {hw.name} GPU ({have:.1f} GiB)")
+    head = f"the step does not fit on {plan.setup.gpus} GPUs: {which} ({plan.choice.describe()})"
+    if plan.peak > hw.limit_bytes:
+        need, have = plan.peak / GIB, hw.limit_bytes / GIB
+        return (f"{head} needs {need:,.1f} GiB a GPU, {need - have:,.1f} GiB more than {hw.hbm_limit:.0%} of the "
+                f"{hw.hbm_gb:g} GB of a {hw.name} GPU ({have:.1f} GiB)")
+    need, have = plan.host / GIB, hw.host_limit * hw.host_gb * GB / GIB
+    return (f"{head} needs {need:,.1f} GiB of host memory a GPU, {need - have:,.1f} GiB more than "
+            f"{hw.host_limit:.0%} of the {hw.host_gb:g} GB a GPU has ({have:.1f} GiB)")
+
+
+def _lighter(plan: Plan, than: Plan | None) -> bool:
+    """Whether `plan` is nearer to fitting than `than`: one whose host memory fits first, then
+    the smaller GPU peak (the one line then names what a user can most likely change)."""
+    return than is None or (not plan.fits_host, plan.peak) < (not than.fits_host, than.peak)
 
 
 def with_measurement(plan: Plan, acts: Activations, shards: mem.Shards) -> Plan:
@@ -295,12 +359,14 @@ def check_fields(setup: Setup, dp_replicate: int, dp_shard: int, ep: int, microb
 
 
 def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
-         checkpointing: str = "auto", optimizer_on_host: tuple[bool, ...] = (False,)) -> tuple[Plan, list[Plan]]:
+         checkpointing: str = "auto", offload: str = "auto") -> tuple[Plan, list[Plan]]:
     """The plan for the fields given (0 / "auto": the search's choice among the rest) and the
     feasible alternatives, fastest first. One VoyageError naming what fails: a mesh that does not
     divide, or none that fits (with the memory the least-memory one lacks)."""
     if checkpointing not in (*MODES, "auto"):
         raise VoyageError(f"checkpointing must be one of {MODES} or auto, got {checkpointing!r}")
+    if offload not in (*OFFLOADS, "auto"):
+        raise VoyageError(f"offload must be one of {OFFLOADS} or auto, got {offload!r}")
     fixed = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "ep": ep}
     for name, value in (*fixed.items(), ("microbatch", microbatch)):
         if value < 0:
@@ -327,17 +393,18 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
             if share % mb:
                 continue
             for mode in (MODES if checkpointing == "auto" else (checkpointing,)):
-                for host in optimizer_on_host:
-                    plan = estimate(setup, Choice(mesh, mb, mode, host))
+                acts = formula_activations(setup, Choice(mesh, mb, mode))  # the same whatever the offload
+                for off in (OFFLOADS if offload == "auto" else (offload,)):
+                    plan = estimate(setup, Choice(mesh, mb, mode, off), acts=acts)
                     if plan.fits:
                         feasible.append(plan)
-                    elif smallest is None or plan.peak < smallest.peak:
+                    elif _lighter(plan, smallest):
                         smallest = plan
     if not feasible:
         if smallest is None:
             raise VoyageError(f"no mesh of the {setup.gpus} GPUs divides the batch of {setup.batch:,} sequences with "
                               f"the given {', '.join(f'{k} {v}' for k, v in fixed.items() if v) or 'fields'}")
-        given = all((dp_replicate, dp_shard, ep, microbatch)) and checkpointing != "auto"
+        given = all((dp_replicate, dp_shard, ep, microbatch)) and "auto" not in (checkpointing, offload)
         raise VoyageError(shortfall(smallest, "the mesh asked for" if given else "its least-memory mesh"))
     ranked = _rank(feasible)
     per_mesh: dict[Mesh, Plan] = {}

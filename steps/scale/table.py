@@ -4,12 +4,16 @@ compute, the alternatives, and the assumptions each figure rests on (what `marin
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from steps.moe.config import flops_per_token
-from steps.scale.comms import recompute_flops_per_token
+from steps.scale.anchor import ANCHOR, ANCHOR_CHECKPOINTING, ANCHOR_MICROBATCH
+from steps.scale.comms import (
+    masked_attention_flops_per_token,
+    recompute_flops_per_token,
+)
 from steps.scale.hardware import GIB
-from steps.scale.plan import ANCHOR, Plan
+from steps.scale.plan import OFFLOAD_WORDS, Plan, estimate
 
 
 def _gib(x: float) -> str:
@@ -33,8 +37,8 @@ def placement_line(plan: Plan) -> str:
             f"dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard}, expert-parallel EP{m.ep} inside a rack "
             f"({s.model.n_experts // m.ep} experts a GPU{f', FSDP over efsdp {m.efsdp}' if m.efsdp > 1 else ''}); "
             f"{share} sequences a GPU in {share // c.microbatch} micro-batch{'es' * (share // c.microbatch > 1)} "
-            f"of {c.microbatch}; {c.checkpointing} checkpointing; Adam moments on the "
-            f"{'host' if c.optimizer_on_host else 'GPU'}")
+            f"of {c.microbatch}; {c.checkpointing} checkpointing; {OFFLOAD_WORDS[c.offload]} "
+            f"(offload {c.offload})")
 
 
 def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]:
@@ -44,15 +48,18 @@ def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]
         lines.append(f"    {row.name:40s}{_gib(row.bytes)}   {row.note}")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines.append(f"    {'peak':40s}{_gib(plan.peak)}   of {hw.hbm_bytes / GIB:.1f} GiB ({hw.hbm_gb:g} GB); limit "
-                 f"{hw.hbm_limit:.0%} = {hw.limit_bytes / GIB:.1f} GiB: {verdict}; anchor {ANCHOR['peak_gib']} GiB")
-    lines.append("    (peak = weights, grads and moments on the GPU + reserve + the larger of two moments: a block's "
-                 "backward with every block's kept activations, or the head and loss)")
+                 f"{hw.hbm_limit:.0%} = {hw.limit_bytes / GIB:.1f} GiB: {verdict}; anchor {ANCHOR.peak_gib} GiB")
+    lines.append("    (peak = what of weights, grads and moments stays on the GPU + reserve + the larger of two moments: "
+                 "a block's backward with every block's kept activations, or the head and loss)")
     return lines
+
+
+COMPUTE_LABEL = "compute: model FLOPs (the trainer's count)"
 
 
 def comm_table(plan: Plan) -> list[str]:
     s, t = plan.setup, plan.time
-    mb_mode = plan.choice.checkpointing
+    mode = plan.choice.checkpointing
     lines = ["  per optimizer step, one GPU          group                      bytes    link       time  exposed"
              "   hidden behind"]
     for c in t.collectives:
@@ -60,30 +67,59 @@ def comm_table(plan: Plan) -> list[str]:
                      f"   {c.overlap}")
     share = s.batch // plan.ranks
     fpt = flops_per_token(s.model, s.context)
+    eff = t.efficiency
+    where = {"all": "on the Grace CPU (torch's CPU AdamW)"}.get(plan.choice.offload, "on the GPU, HBM-bound")
     lines += [
-        f"    {'compute: model FLOPs at the assumed MFU':66s}{t.compute:17.2f} s   "
-        f"{share} x {s.context:,} tokens x {fpt / 1e9:.2f} GFLOP at {s.mfu:.1%} of {s.hardware.peak_tflops:g} TFLOP/s",
-        f"    {'recompute (' + mb_mode + ' checkpointing)':66s}{t.recompute:17.2f} s   "
-        f"{recompute_flops_per_token(s.model, s.context, mb_mode) / 1e9:.2f} GFLOP a token again, same rate",
-        f"    {'expert imbalance (busiest EP rank)':66s}{t.imbalance:17.2f} s   "
-        f"routed experts at {s.load_mean:g}x the mean load",
-        f"    {'optimizer update (AdamW, HBM-bound)':66s}{t.optimizer:17.2f} s",
-        f"    {'step':66s}{t.total:17.2f} s   = compute + recompute + imbalance + exposed {t.exposed:.2f} s + "
-        f"update; {plan.predicted_mfu:.1%} MFU over the step; anchor {ANCHOR['step_s']} s at {ANCHOR['mfu']:.1%}",
+        f"    {COMPUTE_LABEL:66s}{t.compute:17.2f} s   "
+        f"{share} x {s.context:,} tokens x {fpt / 1e9:.2f} GFLOP at {eff:.1%} of {s.hardware.peak_tflops:g} TFLOP/s",
+        f"    {'routed experts, busiest EP rank over the mean (dropless)':66s}{t.routed_extra:17.2f} s   "
+        f"{s.load_mean:g}x the mean rows, same rate",
+        f"    {'attention over masked keys (windowed layers, dense masked kernel)':66s}{t.masked_attention:17.2f} s   "
+        f"{masked_attention_flops_per_token(s.model, s.context) * 3 / 1e9:.2f} GFLOP a token, same rate",
+        f"    {'recompute (' + mode + ' checkpointing)':66s}{t.recompute:17.2f} s   "
+        f"{recompute_flops_per_token(s.model, s.context, mode) / 1e9:.2f} GFLOP a token again (+ its share of the "
+        f"two above), same rate",
+        f"    {'optimizer update (AdamW and clipping, ' + where + ')':66s}{t.optimizer:17.2f} s",
+        f"    {'step':66s}{t.total:17.2f} s   = computing {t.executed:.2f} s + exposed {t.exposed:.2f} s + update "
+        f"{t.optimizer:.2f} s; {plan.predicted_mfu:.1%} MFU over the step (the trainer's count)",
     ]
-    need = _mfu_for(plan, ANCHOR["step_s"])
-    if need is not None:
-        lines.append(f"    (the anchor's {ANCHOR['step_s']} s a step would need {need:.1%} MFU while computing here)")
+    return lines + anchor_lines(plan)
+
+
+def anchor_lines(plan: Plan) -> list[str]:
+    """The comparison with the anchor: the calibration, and this plan's step and MFU at it."""
+    s, t = plan.setup, plan.time
+    cal = s.calibration
+    a = ANCHOR
+    ratio = cal.count_ratio
+    given = f"given ({cal.efficiency:.1%} calibrated)" if s.efficiency else "calibrated"
+    what_if = f", what if it ran at {s.mfu:.1%} MFU" if s.mfu != a.mfu else ""
+    lines = [f"  against the anchor{what_if} ({cal.target_s:.1f} s a step at {s.mfu:.1%} MFU by its own count, "
+             f"{cal.mfu:.1%} by the trainer's, which counts {ratio - 1:.1%} fewer FLOPs a token):",
+             f"    efficiency while computing {t.efficiency:.1%}, {given}: {cal.describe()}",
+             f"    this plan at that efficiency: {t.total:.2f} s a step, {t.total / cal.target_s:.2f}x the anchor's "
+             f"{cal.target_s:.2f} s; {plan.predicted_mfu:.1%} MFU over the step by the trainer's count "
+             f"({plan.predicted_mfu * ratio:.1%} by the anchor's)"]
+    if t.total > cal.target_s:
+        need = efficiency_for(plan, cal.target_s)
+        lines.append(f"    (the anchor's {cal.target_s:.2f} s would need "
+                     + (f"{need:.1%} while computing here)" if need else "more than the GPU's peak here)"))
     return lines
 
 
-def _mfu_for(plan: Plan, target_s: float) -> float | None:
-    """The compute MFU at which this plan's step takes `target_s` (compute, recompute and
-    imbalance scale with 1/MFU; communication does not)."""
-    t = plan.time
-    fixed = t.exposed + t.optimizer
-    scaled = (t.compute + t.recompute + t.imbalance) * plan.setup.mfu
-    return scaled / (target_s - fixed) if target_s > fixed else None
+def efficiency_for(plan: Plan, target_s: float) -> float | None:
+    """The efficiency while computing at which this plan's step takes `target_s` (None: not even
+    at peak). Bisection: the step falls as the efficiency rises."""
+    def total(e: float) -> float:
+        return estimate(dataclasses.replace(plan.setup, efficiency=e), plan.choice).time.total
+
+    if total(1.0) > target_s:
+        return None
+    lo, hi = 1e-4, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if total(mid) > target_s else (lo, mid)
+    return hi
 
 
 def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[str]:
@@ -110,10 +146,12 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
     if alternatives:
         lines += alternatives_table(alternatives, plan)
     lines.append("  assumptions:")
-    lines += [f"    {a}" for a in s.hardware.assumptions()]
-    lines += [f"    MFU {s.mfu:.1%} while computing (the anchor's whole-step figure); recompute and imbalance at the "
-              f"same rate; all-to-all not overlapped; FSDP collectives hidden behind a block's compute up to its "
-              f"length; the cross-rack all-reduce behind the last micro-batch's backward",
+    lines += [f"    {x}" for x in s.hardware.assumptions()]
+    lines += [f"    efficiency while computing: one rate for every FLOP executed (model, excess routed rows, masked "
+              f"attention, recompute), solved so that the anchor's configuration takes its {ANCHOR.step_s:.1f} s "
+              f"(its checkpointing {ANCHOR_CHECKPOINTING} and micro-batch {ANCHOR_MICROBATCH} assumed: "
+              f"steps/scale/anchor.py); FSDP collectives hidden behind a block's compute up to its length; the "
+              f"cross-rack all-reduce behind the last micro-batch's backward",
               f"    expert load: the busiest EP rank gets {s.load_mean:g}x the mean rows on average (time, kept "
               f"activations) and {s.load_peak:g}x in its worst micro-batch (buffers); routing is dropless",
               "    activations as torch's CPU kernels keep them (RMSNorm's fp32 parts, the eager router): the GPU's "
@@ -122,7 +160,7 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
 
 
 def describe_anchor() -> str:
-    a: Any = ANCHOR
-    return (f"anchor (Marin's published GB200 run): {a['mesh']}, {a['sequences_per_gpu']} sequences a GPU, "
-            f"{a['step_s']} s a step at {a['mfu']:.1%} MFU, {a['peak_gib']} GiB peak, Adam moments on the host, "
-            f"capacity factor {a['capacity_factor']} ({a['dropped']:.3%} of assignments dropped)")
+    a = ANCHOR
+    return (f"anchor (Marin's published GB200 run): {a.mesh}, {a.sequences_per_gpu} sequences a GPU, "
+            f"{a.step_s} s a step at {a.mfu:.1%} MFU, {a.peak_gib} GiB peak, optimizer state on the host, "
+            f"capacity factor {a.capacity_factor} ({a.dropped:.3%} of assignments dropped)")

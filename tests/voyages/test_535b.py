@@ -61,10 +61,19 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     a2a = next(line for line in out.splitlines() if line.strip().startswith("expert all-to-all"))
     assert "ep 64" in a2a and "nvlink" in a2a and " TB " in a2a
     assert any("across racks" in line and "network" in line for line in out.splitlines())
+    assert "16 micro-batches of 1; selective checkpointing; Adam moments on the host (offload moments)" in out
     peak = next(line for line in out.splitlines() if line.strip().startswith("peak "))
     assert ": fits;" in peak and "anchor 137.9 GiB" in peak
-    assert "the fastest meshes that fit on 792 GPUs" in out and "anchor 17.0 s at 22.9%" in out
-    assert "days on 704 GB200 that train" in out
+    assert float(peak.split()[1]) < 140  # issue 12's memory target
+    assert any(line.strip().startswith("Adam moments host <-> GPU") and "NVLink-C2C" in line for line in out.splitlines())
+    # the time target: the plan's step at the efficiency calibrated on the anchor's own configuration
+    assert "against the anchor (17.0 s a step at 22.9% MFU by its own count, 21.3% by the trainer's" in out
+    assert "efficiency while computing 36.7%, calibrated: the anchor's configuration through the same model" in out
+    comparable = next(line for line in out.splitlines() if "this plan at that efficiency:" in line)
+    step_s = float(comparable.split("efficiency: ")[1].split(" s a step")[0])
+    assert step_s < 17.0 and "the anchor's 17.00 s" in comparable and "MFU over the step by the trainer's count" in comparable
+    assert "the fastest meshes that fit on 792 GPUs" in out
+    assert f"406,395 steps x {step_s:.2f} s" in out and "days on 704 GB200 that train" in out
     assert not (tmp_path / "p").exists()
 
 
@@ -72,8 +81,11 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     (["--gpus", "8"], "the step does not fit on 8 GPUs: its least-memory mesh (dp_replicate 1 x dp_shard 8 (EP8)"),
     (["--ep", "5"], "ep: 5 does not divide the model's 384 routed experts"),
     (["--dp_replicate", "12", "--dp_shard", "64"], "gpus: dp_replicate 12 x dp_shard 64 needs 12 racks"),
-    (["--dp_replicate", "11", "--dp_shard", "64", "--ep", "64", "--microbatch", "16", "--checkpointing", "none"],
-     "the step does not fit on 792 GPUs: the mesh asked for"),
+    (["--dp_replicate", "11", "--dp_shard", "64", "--ep", "64", "--microbatch", "16", "--checkpointing", "none",
+      "--offload", "none"], "the step does not fit on 792 GPUs: the mesh asked for"),
+    (["--offload", "cpu"], "offload must be one of ('none', 'moments', 'all') or auto, got 'cpu'"),
+    (["--efficiency", "1.5"], "efficiency must lie in [0, 1] (0: calibrated on the anchor), got 1.5"),
+    (["--mfu", "0.9"], "mfu: the anchor's configuration cannot take"),
 ])
 def test_a_step_that_does_not_divide_or_fit_exits_2(capsys, tmp_path, flags, message):
     from executor.cli import main
@@ -93,7 +105,8 @@ def test_help_lists_the_plan_flags(capsys):
 
     assert main([VOYAGE, "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--gpus", "--mfu", "--dp_replicate", "--dp_shard", "--ep", "--microbatch", "--checkpointing"):
+    for flag in ("--gpus", "--mfu", "--efficiency", "--dp_replicate", "--dp_shard", "--ep", "--microbatch",
+                 "--checkpointing", "--offload"):
         assert flag in out, flag
 
 
@@ -119,12 +132,13 @@ def test_the_training_step_runs_the_planned_mesh(v535):
     trainer, parallel = pre.config.trainer, pre.config.trainer.parallel
     assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 64)
     assert trainer.workers == pre.resources.workers == 704 and trainer.microbatch in (1, 2)
-    assert parallel.checkpointing in ("selective", "full")
+    assert parallel.checkpointing in ("selective", "full") and parallel.offload == "moments"
     # the trainer's own checks accept what the plan picked (whole sequences, ep inside a rack)
     parallel.validate(704, PRESETS["535b-a23b"], batch_size=11_264, microbatch=trainer.microbatch, ranks_per_rack=64)
-    pinned = dict(ep=32, microbatch=trainer.microbatch, checkpointing=parallel.checkpointing)
+    pinned = dict(ep=32, microbatch=1, checkpointing="full", offload="none")
     fixed = build_dag(v535.voyage(v535.VoyageConfig(**pinned)))
     assert fixed["pretrain/535b-a23b"].step.config.trainer.parallel.ep == 32
+    assert fixed["pretrain/535b-a23b"].step.config.trainer.parallel.offload == "none"
     # the mesh is run-only: the step's identity does not change with it
     assert fixed["pretrain/535b-a23b"].digest == dag["pretrain/535b-a23b"].digest
     # eval loads the 535B checkpoint sharded over one rack's expert mesh (2.14 TB of fp32 weights)
