@@ -65,7 +65,7 @@ def export_hf(config: ExportHFConfig, ctx: StepContext) -> None:
 
     found = checkpoint.resolve(config.checkpoint, "checkpoint")
     meta = checkpoint.read_meta(found.url)
-    data = training_data_tokens(meta)
+    data = training_data_tokens(meta, found.url)
     tokenizer = config.tokenizer or data.get("tokenizer")
     if not tokenizer:
         raise VoyageError("export_hf.tokenizer: the checkpoint names no training data to take the tokenizer from; "
@@ -94,17 +94,20 @@ def context_of(meta: dict[str, Any]) -> int:
     return int(meta["seq_len"]) - 1 if meta.get("seq_len") else int(meta["model"]["max_seq_len"])
 
 
-def training_data_tokens(meta: dict[str, Any]) -> dict[str, Any]:
+def training_data_tokens(meta: dict[str, Any], folder: str = "") -> dict[str, Any]:
     """{"tokenizer", "bos", "eos"} of the tokenized datasets the checkpoint's mixture reads
-    ({} when the checkpoint names no mixture); datasets that disagree are an error."""
-    from steps.data.formats import MANIFEST, join, read_json
+    ({} when the checkpoint names no mixture); datasets that disagree are an error. The meta
+    names the mixture relative to the checkpoint `folder` (steps.data.refs), and the token
+    manifests their tokenizer relative to themselves: both are resolved."""
+    from steps.data.formats import read_tokens_manifest
+    from steps.data.refs import resolve
     from steps.train.data import read_mixture
 
     if not meta.get("mixture"):
         return {}
     seen = set()
-    for info in read_mixture(meta["mixture"])["datasets"].values():
-        m = read_json(join(info["url"], MANIFEST))
+    for info in read_mixture(resolve(meta["mixture"], folder) if folder else meta["mixture"])["datasets"].values():
+        m = read_tokens_manifest(info["url"])
         seen.add((m.get("tokenizer"), m.get("bos"), m.get("eos")))
     if len(seen) != 1:
         raise VoyageError(f"export_hf: the mixture's datasets were tokenized differently: {sorted(map(str, seen))}")
