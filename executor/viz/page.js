@@ -342,7 +342,7 @@
     if (s.source) row(dl, "source licence", s.source.id + (s.source.url ? " <" + s.source.url + ">" : ""));
     if (s.licenses) row(dl, "licences", s.licenses.length ? s.licenses.join(", ") : "none declared upstream");
     if (s.policy) row(dl, "policy", s.policy);
-    row(dl, "lineage", lineage.up.length.toLocaleString() + " upstream, " + lineage.down.length.toLocaleString() + " downstream");
+    row(dl, "lineage", lineage.up.length.toLocaleString() + " upstream (blue), " + lineage.down.length.toLocaleString() + " downstream (green)");
     if (s.conditional_on) row(dl, "runs if", "the outputs of " + s.conditional_on.join(", ") + " change");
     pane.appendChild(dl);
     if (s.stale) {
