@@ -7,22 +7,21 @@ included. That is the conservative reading (a tokenizer trained on a source's do
 its licence into everything tokenized with it), and the only one a plan can check without data.
 
 Everything here is computed from the DAG and the configs, in one pass in topological order, so a
-policy violation is found when the plan is made, before any output exists. Steps that share
-their sources share one frozenset (a 10,000-step chain holds one set, not 10,000).
+policy violation is found when the plan is made, before any output exists. The sources reaching
+a step are a bit set (a Python int, bit k for the k-th source in DAG order): joining inputs is
+one OR, and a policy is checked against a step with one AND against the bits of the sources it
+refuses, so the bookkeeping stays a few percent of planning at 10,000 steps and 100 sources.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from executor.dag import Dag, Node
 from executor.errors import VoyageError
 from executor.licenses import License, LicensePolicy, declared_license, licenses_json
-
-_EMPTY: frozenset[str] = frozenset()
-
 
 @dataclass(frozen=True)
 class Violation:
@@ -45,36 +44,47 @@ class Lineage:
     def __init__(self, dag: Dag, policy: LicensePolicy | None = None) -> None:
         self.dag = dag
         self.policy = policy  # the voyage's: binds every step
-        self.declared: dict[str, License] = {}  # source step name -> its licence
-        self.reach: dict[str, frozenset[str]] = {}  # step name -> sources upstream (itself included)
-        self.order: dict[str, int] = {}  # source step name -> its place in the DAG (reports go in this order)
-        interned: dict[frozenset[str], frozenset[str]] = {_EMPTY: _EMPTY}
+        self.declared: dict[str, License] = {}  # source step name -> its licence, in DAG order
+        self.sources: list[str] = []  # source k is bit k
+        self.mask: dict[str, int] = {}  # step name -> bits of the sources upstream (itself included)
         for node in dag:
+            bits = 0
+            for dep in node.deps:
+                bits |= self.mask[dep.name]
             own = declared_license(node.step.config)
             if own is not None:
                 self.declared[node.name] = own
-                self.order[node.name] = len(self.order)
-            distinct = {id(r): r for r in (self.reach[dep.name] for dep in node.deps) if r}
-            if own is None and len(distinct) <= 1:  # nothing new joins here: share the input's set
-                self.reach[node.name] = next(iter(distinct.values()), _EMPTY)
-                continue
-            found = _EMPTY.union(*distinct.values())
-            if own is not None:
-                found = found | {node.name}
-            key = frozenset(found)
-            self.reach[node.name] = interned.setdefault(key, key)
+                bits |= 1 << len(self.sources)
+                self.sources.append(node.name)
+            self.mask[node.name] = bits
+        self._by_license: dict[str, int] = {}  # licence id -> bits of its sources
+        for k, name in enumerate(self.sources):
+            lic = self.declared[name].id
+            self._by_license[lic] = self._by_license.get(lic, 0) | (1 << k)
+        self._refusing: dict[int, int] = {}  # id(policy) -> bits of the sources it refuses
 
     # -- queries -----------------------------------------------------------------------------
-    def sources_of(self, name: str) -> dict[str, License]:
-        """{source step name: licence} of every source reaching step `name`."""
-        return {s: self.declared[s] for s in self._ordered(self.reach[name])}
+    def _names(self, bits: int) -> list[str]:
+        out = []
+        while bits:
+            low = bits & -bits
+            out.append(self.sources[low.bit_length() - 1])
+            bits ^= low
+        return out
 
-    def _ordered(self, sources: Iterable[str]) -> list[str]:
-        return sorted(sources, key=self.order.__getitem__)
+    def reaches(self, source: str, step: str) -> bool:
+        """Whether `source` is upstream of (or is) `step`."""
+        k = self.sources.index(source) if source in self.declared else -1
+        return k >= 0 and bool(self.mask[step] >> k & 1)
+
+    def sources_of(self, name: str) -> dict[str, License]:
+        """{source step name: licence} of every source reaching step `name`, in DAG order."""
+        return {s: self.declared[s] for s in self._names(self.mask[name])}
 
     def licenses_of(self, name: str) -> list[str]:
         """The licence ids reaching step `name`, sorted."""
-        return sorted({self.declared[s].id for s in self.reach[name]})
+        bits = self.mask[name]
+        return sorted(lic for lic, those in self._by_license.items() if bits & those)
 
     def record_of(self, name: str) -> dict[str, Any]:
         """What the record of step `name` starts its `provenance` with: its sources' licences."""
@@ -87,6 +97,7 @@ class Lineage:
     def path(self, source: str, step: str) -> tuple[str, ...]:
         """The shortest chain of steps from `source` to `step` (both included), found by walking
         back from `step` through the inputs `source` reaches."""
+        bit = 1 << self.sources.index(source)
         by_name = self.dag.by_name
         parent: dict[str, str | None] = {step: None}
         queue = deque([step])
@@ -95,7 +106,7 @@ class Lineage:
             if name == source:
                 break
             for dep in by_name[name].deps:
-                if dep.name not in parent and source in self.reach[dep.name]:
+                if dep.name not in parent and self.mask[dep.name] & bit:
                     parent[dep.name] = name
                     queue.append(dep.name)
         chain: list[str] = []
@@ -105,40 +116,56 @@ class Lineage:
             at = parent[at]
         return tuple(chain)
 
-    def violations(self, limit: int | None = None) -> list[Violation]:
-        """Every (step with a policy, source) pair the policy refuses, in DAG order."""
-        out: list[Violation] = []
-        checked: dict[tuple[int, frozenset[str]], list[str]] = {}
+    def _refused_bits(self, policy: LicensePolicy) -> int:
+        bits = self._refusing.get(id(policy))
+        if bits is None:
+            bits = 0
+            for lic, those in self._by_license.items():
+                if lic not in policy.allow:
+                    bits |= those
+            self._refusing[id(policy)] = bits
+        return bits
+
+    def _refused(self) -> Iterator[tuple[str, LicensePolicy, str]]:
+        """(step, its policy, a source it refuses) in DAG order."""
         for node in self.dag:
             policy = self.policy_of(node)
-            reach = self.reach[node.name]
-            if policy is None or not reach:
+            if policy is None:
                 continue
-            key = (id(policy), reach)
-            bad = checked.get(key)
-            if bad is None:
-                bad = checked[key] = [s for s in self._ordered(reach) if not policy.allows(self.declared[s])]
-            for source in bad:
-                out.append(Violation(node.name, policy, source, self.declared[source], self.path(source, node.name)))
-                if limit is not None and len(out) >= limit:
-                    return out
+            hit = self.mask[node.name] & self._refused_bits(policy)
+            for source in self._names(hit) if hit else ():
+                yield node.name, policy, source
+
+    def violations(self, limit: int | None = None) -> list[Violation]:
+        """Every (step with a policy, source) pair the policy refuses, in DAG order, with paths."""
+        out: list[Violation] = []
+        for step, policy, source in self._refused():
+            out.append(Violation(step, policy, source, self.declared[source], self.path(source, step)))
+            if limit is not None and len(out) >= limit:
+                break
         return out
 
     def check(self) -> None:
         """Raise VoyageError (one line) if a disallowed licence would reach a step with a policy:
         the first such step in DAG order, the source, its licence and the path of steps; how
-        many other pairs are refused as well."""
-        found = self.violations()
-        if not found:
+        many other pairs are refused as well, and a few other sources."""
+        refused = self._refused()
+        first = next(refused, None)
+        if first is None:
             return
-        first = found[0]
-        rest = found[1:]
+        step, policy, source = first
+        violation = Violation(step, policy, source, self.declared[source], self.path(source, step))
+        more, others = 0, {}  # counting the rest costs no path
+        for _, _, other in refused:
+            more += 1
+            if other != source and len(others) < 6:
+                others.setdefault(other, f"{other} ({self.declared[other].id})")
         tail = ""
-        if rest:
-            others = list(dict.fromkeys(f"{v.source} ({v.license.id})" for v in rest if v.source != first.source))
-            tail = f"; {len(rest)} more refused pair(s) of step and source" + (
-                f", other sources: {', '.join(others[:5])}" + (" ..." if len(others) > 5 else "") if others else "")
-        raise VoyageError(first.line() + tail)
+        if more:
+            listed = list(others.values())
+            tail = f"; {more:,} more refused pair(s) of step and source" + (
+                f", other sources: {', '.join(listed[:5])}" + (" ..." if len(listed) > 5 else "") if listed else "")
+        raise VoyageError(violation.line() + tail)
 
     def policies(self) -> Iterable[tuple[str, LicensePolicy]]:
         """(step, policy) for every step bound by one."""

@@ -71,7 +71,9 @@ def test_sources_reach_every_step_downstream_and_sets_are_shared():
     assert lin.licenses_of("release") == ["CC-BY-SA-4.0", "NVIDIA data agreement"]
     assert lin.sources_of("side") == {"raw/mystery": NOASSERTION}  # declared nothing: NOASSERTION
     assert lin.sources_of("plain/gen") == {}
-    assert lin.reach["train"] is lin.reach["mix"] is lin.reach["release"]  # one set along a chain
+    assert lin.sources == ["raw/web", "raw/wiki", "raw/mystery"]  # bit k: the k-th source in DAG order
+    assert lin.mask["train"] == lin.mask["mix"] == lin.mask["release"] == 0b011 and lin.mask["side"] == 0b100
+    assert lin.reaches("raw/wiki", "release") and not lin.reaches("raw/wiki", "side")
     assert lin.path("raw/web", "release") == ("raw/web", "mix", "train", "release")
     assert lin.record_of("raw/wiki") == {"sources": {"raw/wiki": {"id": "CC-BY-SA-4.0", "url": "", "spdx": True}},
                                          "licenses": ["CC-BY-SA-4.0"]}
