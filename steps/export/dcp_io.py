@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import fsspec
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -143,5 +143,7 @@ def write_checkpoint(url: str, shapes: dict[str, tuple[tuple[int, ...], torch.dt
     with _no_process_group_warning():
         # One file per tensor: DCP's writer keeps every tensor of a file until that file is
         # closed (torch 2.13), so one file for all would hold the whole model.
-        dcp.save(state, storage_writer=FsspecWriter(url, single_file_per_rank=False, thread_count=1, sync_files=False),
+        from steps.train.checkpoint import Writer  # no per-save uuid: the same weights, the same bytes
+
+        dcp.save(state, storage_writer=Writer(url, single_file_per_rank=False, thread_count=1, sync_files=False),
                  planner=_LazySavePlanner(produce), no_dist=True)

@@ -94,11 +94,10 @@ def context_of(meta: dict[str, Any]) -> int:
     return int(meta["seq_len"]) - 1 if meta.get("seq_len") else int(meta["model"]["max_seq_len"])
 
 
-def training_data_tokens(meta: dict[str, Any], folder: str = "") -> dict[str, Any]:
-    """{"tokenizer", "bos", "eos"} of the tokenized datasets the checkpoint's mixture reads
-    ({} when the checkpoint names no mixture); datasets that disagree are an error. The meta
-    names the mixture relative to the checkpoint `folder` (steps.data.refs), and the token
-    manifests their tokenizer relative to themselves: both are resolved."""
+def training_data_tokens(meta: dict[str, Any], url: str) -> dict[str, Any]:
+    """{"tokenizer", "bos", "eos"} of the tokenized datasets the mixture of the checkpoint at `url`
+    reads ({} when it names no mixture); datasets that disagree are an error. The checkpoint names
+    its mixture, and the datasets their tokenizer, relative to themselves (a relocatable prefix)."""
     from steps.data.formats import read_tokens_manifest
     from steps.data.refs import resolve
     from steps.train.data import read_mixture
@@ -106,7 +105,7 @@ def training_data_tokens(meta: dict[str, Any], folder: str = "") -> dict[str, An
     if not meta.get("mixture"):
         return {}
     seen = set()
-    for info in read_mixture(resolve(meta["mixture"], folder) if folder else meta["mixture"])["datasets"].values():
+    for info in read_mixture(resolve(meta["mixture"], url))["datasets"].values():
         m = read_tokens_manifest(info["url"])
         seen.add((m.get("tokenizer"), m.get("bos"), m.get("eos")))
     if len(seen) != 1:

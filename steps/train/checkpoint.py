@@ -6,8 +6,16 @@ Layout, under a training step's output:
         .metadata, __R_0.distcp   DCP: "model" and "optim" (FQN-keyed, so any world size or
                                   wrapping loads them), "train" (one pickled dict: step, tokens,
                                   scheduler state, data position, every rank's RNG state)
+        run.json                by rank 0: how this save came about (the last metrics row with
+                                its timings, start-up time, wall clock, the mesh and the nodes
+                                its ranks ran on): a log of the step, out of its output digest
         meta.json               written last, by rank 0: step, tokens, model config, mixture,
-                                batch size, world size, the last metrics row
+                                batch size, world size, schedule
+
+Everything but run.json is a function of the step's identity and the mesh: DCP's own metadata
+would carry a fresh uuid and the folder's path per save, so `Writer` leaves them out, and an
+identical rerun writes identical bytes (its output digest is the same, so nothing downstream
+goes stale).
 
 A folder counts as a checkpoint only once its meta.json exists, so one cut off mid-save is never
 resumed from (it is deleted when found). Retention: the newest `keep_last`, every step that is a
@@ -36,6 +44,15 @@ from executor import VoyageError, write_atomic
 
 CHECKPOINTS = "checkpoints"
 META = "meta.json"
+RUN = "run.json"  # a log of the training steps (steps.train.pretrain.LOGS)
+
+
+class Writer(FsspecWriter):
+    """DCP's fsspec writer without the per-save uuid and path in `.metadata` (nothing reads
+    them back): the same tensors give the same bytes."""
+
+    def storage_meta(self) -> None:
+        return None
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -86,8 +103,20 @@ def resolve(url: str, field: str) -> Found:
 
 
 def read_meta(url: str) -> dict[str, Any]:
+    """A checkpoint's meta.json."""
     with fsspec.open(f"{url.rstrip('/')}/{META}", "r") as f:
         return json.load(f)
+
+
+def read_run(url: str) -> dict[str, Any]:
+    """A checkpoint's run.json ({} if it has none: a weights-only import). Checkpoints written
+    before run.json kept these fields in meta.json: they are read from there."""
+    try:
+        with fsspec.open(f"{url.rstrip('/')}/{RUN}", "r") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        meta = read_meta(url)
+        return {k: meta[k] for k in ("metrics", "startup_s", "time", "mesh") if k in meta}
 
 
 def remove_incomplete(output: str) -> None:
@@ -143,8 +172,9 @@ def _rng_state() -> dict[str, Any]:
 
 
 def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
-         meta: dict[str, Any]) -> None:
-    """Save a checkpoint from every rank (a collective); rank 0 writes meta.json last."""
+         meta: dict[str, Any], run: dict[str, Any] | None = None) -> None:
+    """Save a checkpoint from every rank (a collective); rank 0 writes run.json (a log: timings,
+    nodes) and then meta.json, last."""
     if _is_main():
         _rm(url)  # what an earlier, killed save of this step may have left
     _barrier()
@@ -157,9 +187,11 @@ def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
     blob = pickle.dumps({**train, "rng": rngs})
     with _single_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd, "train": {"state": blob}},
-                 storage_writer=FsspecWriter(url, sync_files=False), no_dist=not dist.is_initialized())
+                 storage_writer=Writer(url, sync_files=False), no_dist=not dist.is_initialized())
     _barrier()
     if _is_main():
+        if run is not None:
+            write_atomic(f"{url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
         write_atomic(f"{url}/{META}", json.dumps(meta, indent=1, sort_keys=True).encode(), fsync=True)
     _barrier()
 

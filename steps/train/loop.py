@@ -211,10 +211,12 @@ class Trainer:
                 "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
                 "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
-                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
-                         "places": [self.places[r].as_dict() for r in self.order]},
-                "metrics": row, "startup_s": started - job.created, "time": time.time()}
-        checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta)
+                "mesh": dataclasses.asdict(self.pc)}
+        # what varies from run to run (timings, the nodes) is a log, out of the output digest
+        run = {"metrics": row, "startup_s": started - job.created, "time": time.time(),
+               "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
+                        "places": [self.places[r].as_dict() for r in self.order]}}
+        checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta, run)
         if self.main:
             checkpoint.prune(self.ctx.output, self.tcfg.keep_last, self.tcfg.permanent_every, job.end)
 

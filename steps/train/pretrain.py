@@ -19,8 +19,12 @@ from steps.data.provenance import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
 
+# The training steps' logs: out of their output digest (W&B, the metrics rows, and each
+# checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
+LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json")
 
-@step_type(version="1", resumable=True, logs=("wandb/**", "metrics.jsonl"))
+
+@step_type(version="1", resumable=True, logs=LOGS)
 def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     """Train the MoE from scratch on every mixture stage but the last (all, if only one)."""
     if config.init_from is not None:
@@ -29,7 +33,7 @@ def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     _train(config, ctx, "pretrain")
 
 
-@step_type(version="1", resumable=True, logs=("wandb/**", "metrics.jsonl"))
+@step_type(version="1", resumable=True, logs=LOGS)
 def midtrain(config: TrainConfig, ctx: StepContext) -> None:
     """Continue a pretrain step's run (`init_from`) on the mixture's last stage, through the
     decay phase of the schedule."""
@@ -95,8 +99,8 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     started = time.time()
     launch(job)
     final = checkpoint.list_checkpoints(ctx.output)[-1]
-    meta = checkpoint.read_meta(final.url)
-    row = meta.get("metrics") or {}
+    meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)
+    row = run.get("metrics") or {}
     # Exact tokens per source and licence: the mixture's sequences of the optimizer steps this
     # output's checkpoints trained on (steps.data.provenance), not the declared weights.
     batch = config.data.batch_size
@@ -104,4 +108,4 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
                                     steps=[job.start, final.step])
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
-                       startup_s=meta.get("startup_s"), wall_s=time.time() - started)
+                       startup_s=run.get("startup_s"), wall_s=time.time() - started)

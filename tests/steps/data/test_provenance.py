@@ -110,9 +110,9 @@ def test_mixture_tokens_per_source_and_licence_are_exact(made):
     sampler = MixtureSampler(manifest)
     drawn = collections.Counter(sampler.locate(i).dataset for i in range(len(sampler)))  # every sequence, one by one
     assert tokens["total"] == {"sequences": 600, "tokens": 600 * 17}
-    assert tokens["by_source"] == {"raw/web": {"sequences": drawn["web"], "tokens": 17 * drawn["web"], "license": "MIT"},
-                                   "raw/wiki": {"sequences": drawn["wiki"], "tokens": 17 * drawn["wiki"],
-                                                "license": "CC-BY-SA-4.0"}}
+    assert tokens["by_source"] == {
+        "raw/web": {"sequences": drawn["web"], "tokens": 17 * drawn["web"], "license": "MIT"},
+        "raw/wiki": {"sequences": drawn["wiki"], "tokens": 17 * drawn["wiki"], "license": "CC-BY-SA-4.0"}}
     assert tokens["by_license"]["MIT"]["tokens"] + tokens["by_license"]["CC-BY-SA-4.0"]["tokens"] == 600 * 17
     stage0 = collections.Counter(sampler.locate(i).dataset for i in range(450))
     assert tokens["stages"][0]["by_dataset"]["wiki"]["sequences"] == stage0["wiki"] == 90  # 0.2 of 450, exactly

@@ -48,8 +48,8 @@ def main() -> None:
         cfg = config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2)
         ctx = StepContext(name="racks", output=output, digest="r" * 64, resources=Resources(cpus=1, workers=4))
         pretrain(cfg, ctx)
-        meta = checkpoint.read_meta(checkpoint.list_checkpoints(output)[-1].url)
-        print(json.dumps({"mesh": meta["mesh"], "nodes": nodes}), flush=True)
+        run = checkpoint.read_run(checkpoint.list_checkpoints(output)[-1].url)
+        print(json.dumps({"mesh": run["mesh"], "nodes": nodes}), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()

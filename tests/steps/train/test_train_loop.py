@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainkit import make_mixture, run_step  # noqa: E402
 
 from executor import VoyageError  # noqa: E402
+from executor.store import Store, output_digest  # noqa: E402
 from steps.data.formats import read_json, write_json  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig,  # noqa: E402
@@ -102,6 +103,15 @@ def test_killed_run_resumes_bitwise(mix, tmp_path):
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
     rows = [json.loads(line)["step"] for line in open(tmp_path / "resumed/metrics.jsonl")]
     assert rows == sorted(set(rows)) and rows[-1] == 46  # cut back to step 14, then continued
+    # Issue 13 item 11: the same artifacts byte for byte (DCP's .metadata without its per-save uuid
+    # and path; timings and nodes in run.json, a declared log), so the output digests agree and an
+    # identical rerun cuts off downstream; the logs differ and are listed without a checksum.
+    store = Store(str(tmp_path))
+    manifests = [store.manifest(d, pretrain.is_log) for d in ("whole", "resumed")]
+    assert output_digest(manifests[0]) == output_digest(manifests[1])
+    logs = {e.path for e in manifests[0] if e.log}
+    assert {"metrics.jsonl", "checkpoints/step-46/run.json"} <= logs and not any(p.endswith("meta.json") for p in logs)
+    assert checkpoint.read_run(whole.results["checkpoint"])["metrics"]["step"] == 46
 
 
 def test_wandb_offline_run_continues_under_the_step_digest(mix, tmp_path, monkeypatch):
