@@ -61,22 +61,27 @@ class Source:
     text_field: str = "text"  # the field of each record that holds its text
 
 
-NVIDIA_DATA = License("NVIDIA data agreement", url="https://data.commoncrawl.org/contrib/Nemotron/Nemotron-CC/index.html")
+# Licences: an SPDX id where one exists, else a short name and the URL of its terms. Sources whose
+# documents come under many licences say so, and no open-only policy lets them through.
+NVIDIA_DATA = License("NVIDIA data agreement",
+                      url="https://data.commoncrawl.org/contrib/Nemotron/Nemotron-CC/index.html")
 PER_REPOSITORY = License("per-repository licences", url="https://huggingface.co/datasets/bigcode/the-stack-v2")
 PER_SOURCE = License("per-source licences", url="https://huggingface.co/datasets/EleutherAI/proof-pile-2")
 PER_PAPER = License("per-paper licences", url="https://info.arxiv.org/help/license/index.html")
 LLAMA_31 = License("Llama 3.1 Community License", url="https://www.llama.com/llama3_1/license/")
 
+RAW = "gs://marin-us-central2/raw"
 FULL_SOURCES = (
-    Source("nemotron-cc", "gs://marin-us-central2/raw/nemotron-cc/**/*.jsonl.zst", 6.3e12, NVIDIA_DATA, 0.616, 0.682),
-    Source("dclm-baseline", "gs://marin-us-central2/raw/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, License("CC-BY-4.0"), 0.33, 0.15),
-    Source("starcoder2-data", "gs://marin-us-central2/raw/starcoder2-data/**/*.parquet", 913e9, PER_REPOSITORY, 0.04, 0.10,
+    Source("nemotron-cc", f"{RAW}/nemotron-cc/**/*.jsonl.zst", 6.3e12, NVIDIA_DATA, 0.616, 0.682),
+    Source("dclm-baseline", f"{RAW}/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, License("CC-BY-4.0"), 0.33, 0.15),
+    Source("starcoder2-data", f"{RAW}/starcoder2-data/**/*.parquet", 913e9, PER_REPOSITORY, 0.04, 0.10,
            text_field="content"),
-    Source("proof-pile-2", "gs://marin-us-central2/raw/proof-pile-2/**/*.jsonl.zst", 55e9, PER_SOURCE, 0.005, 0.02),
-    Source("finemath-3plus", "gs://marin-us-central2/raw/finemath-3plus/**/*.parquet", 34e9, License("ODC-By-1.0"), 0.0, 0.02),
-    Source("arxiv", "gs://marin-us-central2/raw/redpajama-arxiv/**/*.jsonl.gz", 28e9, PER_PAPER, 0.003, 0.01),
-    Source("wikipedia", "gs://marin-us-central2/raw/wikipedia-20241201/**/*.jsonl.gz", 24e9, License("CC-BY-SA-4.0"), 0.003, 0.01),
-    Source("stackexchange", "gs://marin-us-central2/raw/stackexchange-20241201/**/*.jsonl.gz", 20e9, License("CC-BY-SA-4.0"), 0.003, 0.008),
+    Source("proof-pile-2", f"{RAW}/proof-pile-2/**/*.jsonl.zst", 55e9, PER_SOURCE, 0.005, 0.02),
+    Source("finemath-3plus", f"{RAW}/finemath-3plus/**/*.parquet", 34e9, License("ODC-By-1.0"), 0.0, 0.02),
+    Source("arxiv", f"{RAW}/redpajama-arxiv/**/*.jsonl.gz", 28e9, PER_PAPER, 0.003, 0.01),
+    Source("wikipedia", f"{RAW}/wikipedia-20241201/**/*.jsonl.gz", 24e9, License("CC-BY-SA-4.0"), 0.003, 0.01),
+    Source("stackexchange", f"{RAW}/stackexchange-20241201/**/*.jsonl.gz", 20e9, License("CC-BY-SA-4.0"), 0.003,
+           0.008),
 )
 
 LAPTOP_SOURCES = (
