@@ -213,3 +213,17 @@ def test_lineage_and_consumers_through_the_cli(tmp_path, capsys):
                        "└── wiki-model  RUN"]
     assert main([path, "--prefix", prefix, "--consumers", "raw/wik"]) == 2
     assert "--consumers: no step named 'raw/wik' in this voyage (closest: raw/wiki" in capsys.readouterr().err
+
+
+def test_drawings_name_a_sources_licence_and_a_steps_policy(tmp_path):
+    from executor.viz import graph, text
+
+    plan = plan_steps(voyage(), str(tmp_path / "p"))
+    drawing = graph.draw(plan, records=False)
+    by_name = {s["name"]: s for s in drawing.steps}
+    assert by_name["raw/web"]["source"] == NVIDIA.to_json()
+    assert by_name["train"]["licenses"] == ["CC-BY-SA-4.0", "NVIDIA data agreement"]
+    assert by_name["wiki-model"]["policy"] == "open licences only" and "policy" not in by_name["train"]
+    dot, mmd = text.to_dot(drawing), text.to_mermaid(drawing)
+    for out in (dot, mmd):
+        assert "licence: NVIDIA data agreement" in out and "policy: open licences only" in out

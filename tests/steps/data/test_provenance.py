@@ -197,3 +197,15 @@ def test_a_record_written_before_these_fields_still_loads_and_shows(made, tmp_pa
 
     assert amounts(old) == "120 of 120 documents kept"
     assert amounts({"results": {}}) == "" and amounts(None) == ""
+
+
+def test_datasets_made_before_licences_were_kept_count_as_unknown():
+    """A mixture over token datasets whose manifests have no `licenses` (made before): counted,
+    under an unknown source and NOASSERTION, never dropped."""
+    manifest = {"seq_len": 4, "datasets": {"old": {}, "new": {"licenses": {"raw/n": {"id": "MIT"}}}}}
+    from steps.data.provenance import tally
+
+    got = tally(manifest, {"old": 3, "new": 5}, 0, 8)
+    assert got["by_source"] == {"raw/n": {"sequences": 5, "tokens": 20, "license": "MIT"},
+                                "unknown:old": {"sequences": 3, "tokens": 12, "license": "NOASSERTION"}}
+    assert got["total"] == {"sequences": 8, "tokens": 32}
