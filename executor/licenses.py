@@ -186,11 +186,15 @@ def declared_license(config: Any) -> License | None:
     names = license_fields(type(config))
     if not names:
         return None
+    found = None
     for name in names:
         value = getattr(config, name, None)
         if isinstance(value, License):
-            return value
-    return NOASSERTION
+            found = found or value
+        elif value is not None:  # a plain string would be identity without being a licence anyone checked
+            raise VoyageError(f"config.{name}: {value!r} is not a License; write License({str(value)!r}) for an "
+                              "SPDX id, or License(name, url=...)")
+    return found or NOASSERTION
 
 
 def licenses_json(sources: dict[str, License]) -> dict[str, dict[str, Any]]:

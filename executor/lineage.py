@@ -51,7 +51,10 @@ class Lineage:
             bits = 0
             for dep in node.deps:
                 bits |= self.mask[dep.name]
-            own = declared_license(node.step.config)
+            try:
+                own = declared_license(node.step.config)
+            except VoyageError as e:
+                raise VoyageError(f"step {node.name!r} ({node.step.origin}): {e}") from None
             if own is not None:
                 self.declared[node.name] = own
                 bits |= 1 << len(self.sources)

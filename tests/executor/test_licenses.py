@@ -75,6 +75,8 @@ def test_a_licence_field_makes_a_source_and_none_is_noassertion():
     assert declared_license(Source(license=License("MIT"))) == License("MIT")
     assert declared_license(Source()) is NOASSERTION
     assert declared_license(Plain()) is None
+    with pytest.raises(VoyageError, match=r"config.license: 'MIT' is not a License; write License\('MIT'\)"):
+        declared_license(Source(license="MIT"))
 
 
 def test_the_licence_is_identity_and_no_licence_leaves_old_digests_alone():

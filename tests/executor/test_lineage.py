@@ -227,3 +227,9 @@ def test_drawings_name_a_sources_licence_and_a_steps_policy(tmp_path):
     dot, mmd = text.to_dot(drawing), text.to_mermaid(drawing)
     for out in (dot, mmd):
         assert "licence: NVIDIA data agreement" in out and "policy: open licences only" in out
+
+
+def test_a_string_where_a_licence_belongs_is_refused_naming_the_step(tmp_path):
+    with pytest.raises(VoyageError, match=r"step 'raw/s' \(.*test_lineage.py:\d+\): config.license: 'MIT' is not a "
+                                          r"License"):
+        plan_steps([Step("raw/s", raw, Raw("s", "MIT"))], str(tmp_path / "p"))
