@@ -23,6 +23,7 @@ from executor.dag import Dag, Node
 from executor.errors import VoyageError
 from executor.licenses import License, LicensePolicy, declared_license, licenses_json
 
+
 @dataclass(frozen=True)
 class Violation:
     """A licence that would reach a step whose policy does not allow it."""
@@ -77,8 +78,7 @@ class Lineage:
 
     def reaches(self, source: str, step: str) -> bool:
         """Whether `source` is upstream of (or is) `step`."""
-        k = self.sources.index(source) if source in self.declared else -1
-        return k >= 0 and bool(self.mask[step] >> k & 1)
+        return source in self.declared and bool(self.mask[step] >> self.sources.index(source) & 1)
 
     def sources_of(self, name: str) -> dict[str, License]:
         """{source step name: licence} of every source reaching step `name`, in DAG order."""
