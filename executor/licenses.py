@@ -31,7 +31,9 @@ from executor.errors import VoyageError
 @functools.lru_cache(maxsize=1)
 def _spdx() -> dict[str, str]:
     """lower-case SPDX id -> its canonical spelling (licences and the exception-free ids)."""
-    from packaging.licenses._spdx import LICENSES  # the SPDX list as `packaging` (>= 24.2) ships it
+    # The SPDX list as `packaging` (>= 24.2, PEP 639) ships it, one release of the list per
+    # release of packaging; its public API only validates whole expressions, so the table is read.
+    from packaging.licenses._spdx import LICENSES
 
     return {key: value["id"] for key, value in LICENSES.items()}
 
