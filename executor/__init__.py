@@ -8,6 +8,10 @@ and for planning and running from Python (what `marin-run` does):
 
     from executor import plan_steps, run_steps, Selection
 
+and for licences (docs/provenance.md):
+
+    from executor import License, LicensePolicy
+
 and for files that readers see whole or not at all:
 
     from executor import AtomicFile, write_atomic
@@ -19,6 +23,7 @@ from executor.api import plan_steps, run_plan, run_steps
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
+from executor.licenses import License, LicensePolicy
 from executor.plan import Plan, Selection
 from executor.runner import RunSummary
 from executor.state import StepState
@@ -41,6 +46,8 @@ __all__ = [
     "IdentityError",
     "InputPath",
     "InputRef",
+    "License",
+    "LicensePolicy",
     "OwnOutput",
     "Plan",
     "Resources",

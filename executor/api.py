@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 from executor.dag import build_dag
 from executor.errors import VoyageError
 from executor.lease import Leases
+from executor.licenses import LicensePolicy
 from executor.plan import Plan, Selection, make_plan
 from executor.runner import Listener, RunSummary
 from executor.step import Step
@@ -24,13 +25,17 @@ from executor.store import Store
 
 
 def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None = None, *,
-               lease_ttl: float = 60.0) -> Plan:
+               lease_ttl: float = 60.0, policy: LicensePolicy | None = None) -> Plan:
     """Build the DAG of `steps` and decide what would run under `prefix`, and why. Writes nothing;
-    a bad voyage, selection or setting is one VoyageError."""
+    a bad voyage, selection or setting is one VoyageError, and so is a licence that a policy
+    refuses (`policy` binds every step, a step's `licenses=` binds it), found from the DAG before
+    any status is read."""
     check_settings(prefix=prefix, lease_ttl=lease_ttl)
+    if policy is not None and not isinstance(policy, LicensePolicy):
+        raise VoyageError(f"policy: a LicensePolicy, got {policy!r}")
     dag = build_dag(steps)
     store = Store(prefix)
-    return make_plan(dag, store, selection or Selection(), Leases(store, ttl=lease_ttl))
+    return make_plan(dag, store, selection or Selection(), Leases(store, ttl=lease_ttl), policy=policy)
 
 
 def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int = 16,

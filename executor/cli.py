@@ -33,6 +33,8 @@ class Options:
     viz: str | None
     explain: str | None
     which_saw: str | None
+    lineage: str | None
+    consumers: str | None
     rerun: tuple[str, ...]
     downstream: bool
     only: tuple[str, ...]
@@ -66,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="show step NAME's digest tree and what changed since its last output; run nothing")
     p.add_argument("--which-saw", metavar="SOURCE:DOC_ID",
                    help="which training steps and checkpoints saw this document (from the prefix); run nothing")
+    _add_lineage_flags(p)
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
     p.add_argument("--downstream", action="store_true",
@@ -83,6 +86,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not keep the voyage page {prefix}/voyages/{voyage}/{run}/index.html during the run")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     return p
+
+
+def _add_lineage_flags(p: argparse.ArgumentParser) -> None:
+    """--lineage and --consumers (docs/provenance.md): both directions of a step's lineage."""
+    p.add_argument("--lineage", metavar="NAME",
+                   help="print everything step NAME was built from, down to the raw sources, with licences and "
+                        "token counts; run nothing")
+    p.add_argument("--consumers", metavar="NAME",
+                   help="print everything built from step NAME, with each one's state; run nothing")
 
 
 def _seconds(text: str) -> float:
@@ -126,7 +138,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
         where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
         raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
     opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, which_saw=ns.which_saw,
-                   rerun=tuple(ns.rerun),
+                   lineage=ns.lineage, consumers=ns.consumers, rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
                    verbose=ns.verbose, overrides=rest)
@@ -182,11 +194,14 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     # Planning reads and writes nothing under the prefix but status reads: a bad step name,
     # selection or setting is found here, before anything is written.
     plan = api.plan_steps(steps, opts.prefix, Selection(rerun=opts.rerun, downstream=opts.downstream,
-                                                         only=opts.only), lease_ttl=opts.lease_ttl)
+                                                         only=opts.only), lease_ttl=opts.lease_ttl,
+                          policy=_voyage_policy(vf, config))
     if opts.explain:
         from executor.explain import check_name
 
         check_name(plan.dag.by_name, opts.explain)
+    if opts.lineage or opts.consumers:
+        return _lineage(opts, plan)
 
     from executor import report
 
@@ -204,6 +219,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
             if problems:
                 unplaceable[d.name] = problems[0].split(": ", 1)[-1]
         report.print_plan(plan, sys.stdout, unplaceable)
+        _print_licences(plan)
         _print_voyage_summary(vf, config)
         return 0
 
@@ -215,6 +231,7 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
     from executor.api import run_plan
 
     report.print_plan(plan, sys.stdout)
+    _print_licences(plan)
     if not plan.to_run():
         print("nothing to run: every selected step is cached")
         return 0
@@ -223,6 +240,46 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
                        on_page=lambda url: print(f"voyage page: {url}", flush=True))
     report.print_summary(summary, plan, sys.stdout, page=summary.page)
     return summary.exit_code
+
+
+def _voyage_policy(vf: VoyageFile, config: object) -> object:
+    """A voyage may define `license_policy(config) -> LicensePolicy | None`: which licences may
+    reach any of its steps (a step's own `licenses=` adds to it)."""
+    fn = getattr(vf.module, "license_policy", None)
+    if not callable(fn):
+        return None
+    try:
+        return fn(config) if vf.config_class is not None else fn()
+    except VoyageError:
+        raise
+    except Exception as e:
+        raise VoyageError(f"{vf.path}: license_policy() failed: {type(e).__name__}: {e}") from None
+
+
+def _lineage(opts: Options, plan: Plan) -> int:
+    """--lineage and --consumers: read the plan and the records; run nothing."""
+    import difflib
+
+    from executor import lineage_view
+
+    for flag, name in (("--lineage", opts.lineage), ("--consumers", opts.consumers)):
+        if name and name not in plan.dag.by_name:
+            close = difflib.get_close_matches(name, list(plan.dag.by_name), n=3, cutoff=0.5)
+            raise VoyageError(f"{flag}: no step named {name!r} in this voyage"
+                              + (f" (closest: {', '.join(close)})" if close else ""))
+    if opts.lineage:
+        lineage_view.print_lineage(plan, opts.lineage, sys.stdout)
+    if opts.consumers:
+        if opts.lineage:
+            print()
+        lineage_view.print_consumers(plan, opts.consumers, sys.stdout)
+    return 0
+
+
+def _print_licences(plan: Plan) -> None:
+    from executor import lineage_view
+
+    lineage_view.print_licences(plan, sys.stdout)
 
 
 def _print_voyage_summary(vf: VoyageFile, config: object) -> None:

@@ -4,7 +4,10 @@ Step functions receive `(config, ctx)`. The config has every `output_of(...)`/`t
 already replaced by a URL. `ctx` gives the output folder on its fsspec store (`ctx.open` writes
 and reads there), its inputs (`ctx.open_input` reads a config's input URL, or a file inside it),
 a logger, a progress reporter, a way to fan work out over the cluster (`ctx.map`) without
-importing Ray, and `results`, a small dict that ends up in the step's record.
+importing Ray, and two small dicts that end up in the step's record: `results`, and `provenance`,
+which arrives holding what the DAG says of the step's data (`sources`: source step -> licence as
+JSON, `licenses`: their ids) and to which a step adds what it knows from the data it read
+(`tokens` consumed per source and licence; sources found in its inputs' manifests).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class StepContext:
     resources: Resources = field(default_factory=Resources)
     resumable: bool = False
     results: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
     mapper: Mapper = local_map
 
     def __post_init__(self) -> None:

@@ -25,12 +25,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from executor import environment
 from executor.dag import Dag, Node, gc_paused
 from executor.errors import VoyageError
 from executor.fingerprint import SCHEME as FINGERPRINT_SCHEME
 from executor.fingerprint import drift
 from executor.identity import diff, plain
 from executor.lease import LeaseInfo, Leases
+from executor.licenses import LicensePolicy
+from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
 from executor.store import STATUS, Record, Status, Store
 
@@ -72,6 +75,7 @@ class Decision:
     stale_inputs: tuple[StaleInput, ...] = ()  # STALE: which inputs changed, and from what to what
     fresh: bool = False  # starts from an empty folder even if its type is resumable
     unselected: tuple[StepState, str] | None = None  # SKIPPED as not selected: what it would have been
+    env_drift: str = ""  # the package versions it was made with differ from this process's: how
 
     @property
     def has_output(self) -> bool:
@@ -90,9 +94,14 @@ class Plan:
     decisions: list[Decision] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
     leases: Leases | None = None  # this executor's, when the plan may be run
+    lineage: Lineage | None = None  # sources and licences of every step (None: planned without)
 
     def __post_init__(self) -> None:
         self.by_name = {d.name: d for d in self.decisions}
+
+    def commits(self) -> Counter:
+        """How many finished outputs were made from each git commit (executor.environment)."""
+        return Counter(d.status.commit for d in self.decisions if d.has_output and d.status.commit)
 
     def __getitem__(self, name: str) -> Decision:
         return self.by_name[name]
@@ -109,12 +118,22 @@ class Plan:
 
 @gc_paused
 def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
-              leases: Leases | None = None, explain_new: bool = True) -> Plan:
-    """Decide, for every step, whether it is cached, must run, waits, or is skipped, and why."""
+              leases: Leases | None = None, explain_new: bool = True, policy: LicensePolicy | None = None,
+              provenance: bool = True) -> Plan:
+    """Decide, for every step, whether it is cached, must run, waits, or is skipped, and why.
+
+    Before any status is read, the lineage of every step (its sources and their licences) is
+    worked out from the DAG and every licence policy checked (`policy` binds every step; a
+    step's own `licenses=` binds it): a disallowed licence is a VoyageError. `provenance=False`
+    leaves both out, and the environment notes (what the planning benchmark compares against)."""
     sel = selection or Selection()
     for name in (*sel.rerun, *sel.only):
         if name not in dag.by_name:
             raise VoyageError(f"no step named {name!r} in this voyage{_closest(name, dag.by_name)}")
+    lineage = None
+    if provenance:
+        lineage = Lineage(dag, policy)
+        lineage.check()
     statuses = store.read_statuses([n.dirname for n in dag])
     forced = set(sel.rerun)
     downstream_of_forced = dag.downstream(forced) - forced if forced else set()
@@ -164,12 +183,14 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     targets = set(sel.only) | forced | (downstream_of_forced if sel.downstream else set())
     _settle(dag, decisions, targets)
     _note_code_drift(dag, decisions, store)
+    if provenance:
+        _note_env_drift(decisions, store)
     if explain_new:
         listings: dict[str, set[str]] = {}
         for d in decisions.values():
             if d.state == RUN and not d.reason:
                 d.reason = _corrupt_status(store, d.node.dirname, listings) or _why_new(d.node, store, dag)
-    return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases)
+    return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases, lineage=lineage)
 
 
 def recorded_input(status: Status, dep: Node) -> tuple[bool, str | None]:
@@ -227,6 +248,28 @@ def _note_code_drift(dag: Dag, decisions: dict[str, Decision], store: Store) -> 
         d.code_drift = True
         d.reason += (f"; code drifted since it was made ({explained[key]}; bump the version of "
                      f"{d.node.step.type.name} if the output changes, or --rerun it)")
+
+
+def _note_env_drift(decisions: dict[str, Decision], store: Store) -> None:
+    """Recorded, not keyed (like the code fingerprint): a cached output made with other package
+    versions than this process has says which, read from one record per recorded set."""
+    drifted = [d for d in decisions.values() if d.state == CACHED and d.status is not None and d.status.env]
+    if not drifted:
+        return
+    now = environment.current()
+    digest = environment.packages_digest(now)
+    explained: dict[str, str] = {}
+    for d in drifted:
+        recorded = d.status.env  # type: ignore[union-attr]
+        if recorded == digest:
+            continue
+        if recorded not in explained:
+            record = store.read_record(d.node.dirname)
+            what = environment.differences(record.environment, now) if record is not None and record.environment \
+                else []
+            explained[recorded] = ", ".join(what) if what else "other package versions"
+        d.env_drift = explained[recorded]
+        d.reason += f"; made with {explained[recorded]} (recorded, not keyed: --rerun it if that matters)"
 
 
 def _settle(dag: Dag, decisions: dict[str, Decision], targets: set[str]) -> None:

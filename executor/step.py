@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from executor.errors import VoyageError
+from executor.licenses import LicensePolicy
 
 # Names become folder names on every store: keep them to a portable alphabet, with no segment
 # that aliases another folder (`x/./y` is `x/y`, `x/../y` is `y`, `x//y` is `x/y` on most stores).
@@ -291,12 +292,13 @@ class Step:
 
     The config is a (frozen) dataclass; any field, list item, dict value or nested dataclass may
     hold `output_of(...)`/`this_output(...)` references. Building a Step runs nothing.
+    `licenses=LicensePolicy(...)` says which licences may reach the step (checked at plan time).
     """
 
-    __slots__ = ("name", "type", "config", "resources", "retry", "origin", "__weakref__")
+    __slots__ = ("name", "type", "config", "resources", "retry", "licenses", "origin", "__weakref__")
 
     def __init__(self, name: str, type: StepType, config: Any, *, resources: Resources | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, licenses: Any = None) -> None:
         origin = _caller_origin()
         if not isinstance(name, str) or not _NAME_RE.match(name) or _ALIASING & set(name.split("/")):
             raise VoyageError(
@@ -313,6 +315,12 @@ class Step:
         self.config = config
         self.resources = resources or Resources()
         self.retry = retry or RetryPolicy()
+        # Which licences may reach this step (an executor.licenses.LicensePolicy, checked when the
+        # plan is made); like resources, not part of the digest: a policy refuses, it never changes
+        # what a step makes.
+        if licenses is not None and not isinstance(licenses, LicensePolicy):
+            raise VoyageError(f"{origin}: step {name!r}: licenses= takes a LicensePolicy, got {licenses!r}")
+        self.licenses = licenses
         self.origin = origin
 
     def output(self, subpath: str = "") -> InputRef:

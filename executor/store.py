@@ -104,6 +104,13 @@ class Record(BaseModel):
     output_digest: str | None = None
     manifest: list[ManifestEntry] | None = None
     results: dict[str, Any] = Field(default_factory=dict)
+    # Where its data came from (docs/provenance.md): `sources` ({source step: licence}) and
+    # `licenses` from the DAG, and what the step itself adds (`tokens` consumed per source and
+    # per licence, for the mixture and training). Empty in records written before it existed.
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    # The git commit (and dirty flag) and key package versions of the process that made it
+    # (executor.environment); recorded, not keyed. Empty in older records.
+    environment: dict[str, Any] = Field(default_factory=dict)
     attempts: list[Attempt] = Field(default_factory=list)
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
@@ -123,6 +130,8 @@ class Status(BaseModel):
     attempt: int = 0
     token: int | None = None
     code: str = ""  # code fingerprint of the step function that made it
+    env: str = ""  # digest of the package versions it was made with (executor.environment); "" before
+    commit: str = ""  # the git commit it was made from ("abc123def456[-dirty]"; "" unknown or before)
 
 
 def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:

@@ -23,6 +23,7 @@ This module is engine-agnostic: the Ray backend calls `execute` inside a Ray tas
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import socket
@@ -31,6 +32,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor import environment
 from executor.context import Mapper, StepContext, local_map
 from executor.lease import Leases
 from executor.refs import resolve  # noqa: F401  (where it was; one rule for the DAG and the digest)
@@ -64,6 +66,7 @@ class TaskSpec:
     storage_options: dict[str, Any] = field(default_factory=dict)
     code_parts: dict[str, str] = field(default_factory=dict)
     fresh: bool = False  # start from an empty folder even if resumable (a --rerun's first try)
+    provenance: dict[str, Any] = field(default_factory=dict)  # from the DAG: sources and licences
 
 
 @dataclass
@@ -102,6 +105,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         code_fingerprint=task.code_fingerprint, code_parts=task.code_parts,
         resources=dataclasses.asdict(task.resources), inputs=inputs, state=RUNNING, attempts=[*attempts, attempt],
         created=previous.created if previous is not None and attempts else time.time(),
+        provenance=copy.deepcopy(task.provenance), environment=environment.current(),
     )
     running = Status(state=RUNNING, digest=task.digest, attempt=attempt.number, token=task.token)
     with leases.fence(task.dirname, task.token) as ours:
@@ -116,7 +120,8 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         store.clear_temporaries(task.dirname)
 
     ctx = StepContext(name=task.name, output=store.url(task.dirname), digest=task.digest, attempt=attempt.number,
-                      resources=task.resources, resumable=task.step_type.resumable, mapper=mapper)
+                      resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
+                      provenance=copy.deepcopy(task.provenance))
     try:
         task.step_type.fn(task.config, ctx)
         manifest = store.manifest(task.dirname, is_log=task.step_type.is_log)  # its failure is the step's
@@ -130,6 +135,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         attempt.state, attempt.ended = (INTERRUPTED if interrupted else FAILED), time.time()
         attempt.error, attempt.traceback = f"{type(e).__name__}: {e}", tb
         record.state, record.results = (RUNNING if interrupted else FAILED), ctx.results
+        record.provenance = ctx.provenance
         with leases.fence(task.dirname, task.token) as ours:
             ours = ours and _still_running(store, task.dirname, running)
             if ours:
@@ -146,6 +152,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
 
     attempt.state, attempt.ended = SUCCESS, time.time()
     record.state, record.manifest, record.output_digest, record.results = SUCCESS, manifest, digest_out, ctx.results
+    record.provenance = ctx.provenance
     with leases.fence(task.dirname, task.token) as ours:
         # Fencing: only while the lease carries our token and the folder is still this attempt's
         # (a Ray retry of this task, after its node was presumed lost, carries the same token
@@ -156,7 +163,8 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             store.write_status(task.dirname, Status(
                 state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=attempt.number,
                 token=task.token, inputs={i.name: i.output_digest for i in inputs}, inputs_by="name",
-                code=task.code_fingerprint))
+                code=task.code_fingerprint, env=environment.packages_digest(record.environment),
+                commit=environment.commit_text(record.environment)))
     if not ours:
         return _lost(task, attempt, started)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=attempt.number, started=started,

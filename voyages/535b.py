@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor import Resources, RetryPolicy, Step, VoyageError, output_of
+from executor import License, LicensePolicy, Resources, RetryPolicy, Step, VoyageError, output_of
 from steps.data.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
@@ -57,27 +57,39 @@ class Source:
     name: str
     url: str
     tokens: float  # declared size, in tokens of the voyage's tokenizer
-    license: str
+    license: License  # an SPDX id, or a short name and the URL of its terms (docs/provenance.md)
     pretrain: float  # weight in the pretraining stage
     midtrain: float  # weight in the midtraining stage
     text_field: str = "text"  # the field of each record that holds its text
 
 
+# Licences: an SPDX id where one exists, else a short name and the URL of its terms. Sources whose
+# documents come under many licences say so, and no open-only policy lets them through.
+NVIDIA_DATA = License("NVIDIA data agreement",
+                      url="https://data.commoncrawl.org/contrib/Nemotron/Nemotron-CC/index.html")
+PER_REPOSITORY = License("per-repository licences", url="https://huggingface.co/datasets/bigcode/the-stack-v2")
+PER_SOURCE = License("per-source licences", url="https://huggingface.co/datasets/EleutherAI/proof-pile-2")
+PER_PAPER = License("per-paper licences", url="https://info.arxiv.org/help/license/index.html")
+LLAMA_31 = License("Llama 3.1 Community License", url="https://www.llama.com/llama3_1/license/")
+
+RAW = "gs://marin-us-central2/raw"
 FULL_SOURCES = (
-    Source("nemotron-cc", "gs://marin-us-central2/raw/nemotron-cc/**/*.jsonl.zst", 6.3e12, "NVIDIA data agreement", 0.616, 0.682),
-    Source("dclm-baseline", "gs://marin-us-central2/raw/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, "CC-BY-4.0", 0.33, 0.15),
-    Source("starcoder2-data", "gs://marin-us-central2/raw/starcoder2-data/**/*.parquet", 913e9, "per-repository licences", 0.04, 0.10,
+    Source("nemotron-cc", f"{RAW}/nemotron-cc/**/*.jsonl.zst", 6.3e12, NVIDIA_DATA, 0.616, 0.682),
+    Source("dclm-baseline", f"{RAW}/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, License("CC-BY-4.0"), 0.33, 0.15),
+    Source("starcoder2-data", f"{RAW}/starcoder2-data/**/*.parquet", 913e9, PER_REPOSITORY, 0.04, 0.10,
            text_field="content"),
-    Source("proof-pile-2", "gs://marin-us-central2/raw/proof-pile-2/**/*.jsonl.zst", 55e9, "per-source licences", 0.005, 0.02),
-    Source("finemath-3plus", "gs://marin-us-central2/raw/finemath-3plus/**/*.parquet", 34e9, "ODC-BY-1.0", 0.0, 0.02),
-    Source("arxiv", "gs://marin-us-central2/raw/redpajama-arxiv/**/*.jsonl.gz", 28e9, "per-paper licences", 0.003, 0.01),
-    Source("wikipedia", "gs://marin-us-central2/raw/wikipedia-20241201/**/*.jsonl.gz", 24e9, "CC-BY-SA-4.0", 0.003, 0.01),
-    Source("stackexchange", "gs://marin-us-central2/raw/stackexchange-20241201/**/*.jsonl.gz", 20e9, "CC-BY-SA-4.0", 0.003, 0.008),
+    Source("proof-pile-2", f"{RAW}/proof-pile-2/**/*.jsonl.zst", 55e9, PER_SOURCE, 0.005, 0.02),
+    Source("finemath-3plus", f"{RAW}/finemath-3plus/**/*.parquet", 34e9, License("ODC-By-1.0"), 0.0, 0.02),
+    Source("arxiv", f"{RAW}/redpajama-arxiv/**/*.jsonl.gz", 28e9, PER_PAPER, 0.003, 0.01),
+    Source("wikipedia", f"{RAW}/wikipedia-20241201/**/*.jsonl.gz", 24e9, License("CC-BY-SA-4.0"), 0.003, 0.01),
+    Source("stackexchange", f"{RAW}/stackexchange-20241201/**/*.jsonl.gz", 20e9, License("CC-BY-SA-4.0"), 0.003,
+           0.008),
 )
 
 LAPTOP_SOURCES = (
-    Source("kjv", "data/corpus/kjv.jsonl.zst", 1.2e6, "public domain", 0.7, 0.3),
-    Source("pydocs", "data/corpus/pydocs.jsonl.zst", 1.3e6, "PSF-2.0", 0.3, 0.7),
+    Source("kjv", "data/corpus/kjv.jsonl.zst", 1.2e6, License("public domain", url="https://www.gutenberg.org/ebooks/10"),
+           0.7, 0.3),
+    Source("pydocs", "data/corpus/pydocs.jsonl.zst", 1.3e6, License("PSF-2.0"), 0.3, 0.7),
 )
 
 
@@ -151,6 +163,14 @@ class VoyageConfig:
     microbatch: int = 0  # sequences a GPU runs at once; 0: the plan's choice
     checkpointing: str = "auto"  # "none", "selective", "full", or "auto" (the plan's choice)
     offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", or "auto" (the plan's)
+    open_only: bool = False  # the exported model is for public release: only open licences may reach it
+
+
+def release_policy(config: VoyageConfig) -> LicensePolicy | None:
+    """The licence policy of the exported model: open licences only when it is meant for public
+    release (checked when the plan is made: a voyage that would route another licence into it
+    stops there, exit 2)."""
+    return LicensePolicy.open_only() if config.open_only else None
 
 
 def scale_of(config: VoyageConfig) -> Scale:
@@ -162,7 +182,8 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
     scale = scale_of(config)
     docs: dict[str, Step] = {}
     for src in scale.sources:
-        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO)),
+        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO),
+                                                             license=src.license),
                    resources=scale.data_resources)
         docs[src.name] = Step(f"dedup/{src.name}", dedup, DedupConfig(documents=output_of(raw), seed=config.seed),
                               resources=scale.data_resources)
@@ -172,7 +193,8 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
                                         vocab_size=scale.tokenizer_vocab))
     else:
         tok = Step("tokenizer/llama3", pin_tokenizer,
-                   PinTokenizerConfig(source="meta-llama/Llama-3.1-8B", expect_vocab_size=scale.tokenizer_vocab))
+                   PinTokenizerConfig(source="meta-llama/Llama-3.1-8B", expect_vocab_size=scale.tokenizer_vocab,
+                                      license=LLAMA_31))
     tokenized = {
         name: Step(f"tokenized/{name}", tokenize,
                    TokenizeConfig(documents=output_of(d), tokenizer=output_of(tok), bos=None, eos=_eos(config)),
@@ -254,7 +276,8 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
     ex = Step(f"export/{name}", export_hf, ExportHFConfig(
         checkpoint=output_of(mid), dtype="float32" if config.laptop else "bfloat16",
         pad_token="<|pad|>" if config.laptop else None),
-        resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64))
+        resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64),
+        licenses=release_policy(config))
     # The model card (docs/provenance.md): a cheap step of its own after eval.
     card = Step(f"card/{name}", model_card, CardConfig(
         evaluation=output_of(ev), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),

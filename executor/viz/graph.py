@@ -69,6 +69,7 @@ def draw(plan: Plan, title: str = "", records: bool = True) -> Drawing:
     """The drawing model of `plan`; `records` reads each existing output's `.step.json`."""
     index = {d.name: i for i, d in enumerate(plan.decisions)}
     recs = read_records(plan) if records else {}
+    lineage = plan.lineage
     steps: list[dict[str, Any]] = []
     for d in plan.decisions:
         node = d.node
@@ -87,6 +88,15 @@ def draw(plan: Plan, title: str = "", records: bool = True) -> Drawing:
             step["holder"] = d.holder.describe()
         if d.code_drift:
             step["code_drift"] = True
+        if d.env_drift:
+            step["env_drift"] = d.env_drift
+        if lineage is not None:  # licences reaching the step (docs/provenance.md), from the DAG
+            step["licenses"] = lineage.licenses_of(d.name)
+            if d.name in lineage.declared:
+                step["source"] = lineage.declared[d.name].to_json()
+            policy = lineage.policy_of(node)
+            if policy is not None:
+                step["policy"] = policy.describe()
         if d.name in recs:
             step["record"] = recs[d.name]
         steps.append(step)
@@ -209,6 +219,13 @@ def summarize_record(rec: dict[str, Any]) -> dict[str, Any]:
         "files": len(manifest), "bytes": sum(int(e.get("size") or 0) for e in manifest),
         "results": rec.get("results") or {}, "attempts": attempts,
     }
+    provenance = rec.get("provenance") or {}
+    if provenance:  # the licences it consumed and, for the mixture and training, tokens per source and licence
+        tokens = provenance.get("tokens") or {}
+        summary["provenance"] = {"licenses": provenance.get("licenses") or [],
+                                 **{k: tokens[k] for k in ("total", "steps", "by_source", "by_license") if k in tokens}}
+    if rec.get("environment"):
+        summary["environment"] = rec["environment"]
     return _json_safe(summary)
 
 

@@ -160,7 +160,7 @@
       const el = stepEl[i];
       if (!el) continue;
       const s = stateOf(i), base = el.tagName === "g" ? "box step" : "cell step";
-      const keep = ["sel", "nbr", "match"].filter((c) => el.classList.contains(c));
+      const keep = ["sel", "nbr", "up", "down", "match"].filter((c) => el.classList.contains(c));
       el.setAttribute("class", base + " s-" + s + (keep.length ? " " + keep.join(" ") : ""));
       if (subEl[i]) {
         const run = runInfo(i);
@@ -252,14 +252,28 @@
 
   // -- selection and details -------------------------------------------------------------------------
   let selected = null, marked = [];
+  const LINEAGE_MAX = 20000;  // steps marked in each direction, at most
+  function closure(i, edges) {  // every step reached from i along edges (i left out), breadth first
+    const seen = new Set([i]), queue = [i];
+    for (let q = 0; q < queue.length && seen.size <= LINEAGE_MAX; q++) {
+      for (const k of edges(queue[q])) if (!seen.has(k)) { seen.add(k); queue.push(k); }
+    }
+    seen.delete(i);
+    return Array.from(seen);
+  }
+  let lineage = { up: [], down: [] };
   function select(i, centreIt) {
-    for (const j of marked) if (stepEl[j]) stepEl[j].classList.remove("sel", "nbr");
+    for (const j of marked) if (stepEl[j]) stepEl[j].classList.remove("sel", "nbr", "up", "down");
     marked = [];
     const focus = $("focus");
     focus.textContent = "";
     selected = i;
     if (i === null) { $("details").hidden = true; history.replaceState(null, "", location.pathname + location.search); return; }
     const near = steps[i].deps.concat(consumers[i]);
+    // Both directions of its lineage: what it was built from, and what was built from it.
+    lineage = { up: closure(i, (j) => steps[j].deps), down: closure(i, (j) => consumers[j]) };
+    lineage.up.forEach((j) => { stepEl[j].classList.add("up"); marked.push(j); });
+    lineage.down.forEach((j) => { stepEl[j].classList.add("down"); marked.push(j); });
     stepEl[i].classList.add("sel");
     marked.push(i);
     near.slice(0, 2000).forEach((j) => { stepEl[j].classList.add("nbr"); marked.push(j); });
@@ -324,6 +338,11 @@
     row(dl, "resources", s.resources);
     row(dl, "held by", s.holder);
     if (s.code_drift) row(dl, "code", "drifted since the output was made");
+    if (s.env_drift) row(dl, "made with", s.env_drift);
+    if (s.source) row(dl, "source licence", s.source.id + (s.source.url ? " <" + s.source.url + ">" : ""));
+    if (s.licenses) row(dl, "licences", s.licenses.length ? s.licenses.join(", ") : "none declared upstream");
+    if (s.policy) row(dl, "policy", s.policy);
+    row(dl, "lineage", lineage.up.length.toLocaleString() + " upstream (blue), " + lineage.down.length.toLocaleString() + " downstream (green)");
     if (s.conditional_on) row(dl, "runs if", "the outputs of " + s.conditional_on.join(", ") + " change");
     pane.appendChild(dl);
     if (s.stale) {

@@ -35,6 +35,10 @@ def box_lines(drawing: Drawing, box: Box) -> list[str]:
     lines.append(s["state"] + (f": {_clip(reason)}" if reason and reason != "cached" else ""))
     for st in s.get("stale", ()):
         lines.append(f"input {st['input']}: {st['recorded'][:10]} → {st['current'][:10]}")
+    if s.get("source"):
+        lines.append(f"licence: {s['source']['id']}")
+    if s.get("policy"):
+        lines.append(f"policy: {s['policy']}")
     return lines
 
 

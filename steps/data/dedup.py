@@ -34,6 +34,7 @@ from executor import InputPath, StepContext, VoyageError, is_local, run_only, st
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, url_fs, write_bytes, write_json
 from steps.data.minhash import MinHasher, band_keys
+from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.refs import ref
 
 SNIPPET = 300
@@ -82,7 +83,7 @@ class _BandJob:
     verify: bool
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="2", resumable=True)
 def dedup(config: DedupConfig, ctx: StepContext) -> None:
     """Remove exact and near duplicates across all shards; keep the smallest id of each cluster."""
     inputs = document_shards(config.documents)
@@ -120,7 +121,10 @@ def dedup(config: DedupConfig, ctx: StepContext) -> None:
     report["example_pairs"] = [dict(p, first=snippets.get(str(p["first"])), second=snippets.get(str(p["second"])))
                                for p in s3["examples"]]
     write_json(ctx.path("report.json"), report)
-    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": kept, "shards": shards})
+    licenses = folder_licenses(config.documents)  # the kept documents are under their sources' licences
+    note_sources(ctx, licenses)
+    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": kept, "shards": shards,
+                                    LICENSES_KEY: to_manifest(licenses)})
     ctx.fs.rm(ctx.fs_path("work"), recursive=True)
     ctx.results.update({k: v for k, v in report.items() if k != "example_pairs" and k != "cluster_sizes"})
 

@@ -16,6 +16,11 @@ its shards were renamed into place), so a crashed run redoes only the unfinished
 Input files are named in the output (manifest, ledgers, rejects) as the config names them: a
 relative input read from `root` stays relative, so the same corpus in two checkouts gives the same
 bytes and output digest.
+
+Ingest is where a source's licence enters (`license`, an SPDX id or a short name with a URL:
+docs/provenance.md): the manifest keeps it under `licenses`, keyed by this step's name, and every
+step after it carries it on. The licence is identity, like the data itself: correcting it
+re-addresses this output and everything built from it.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from executor import StepContext, VoyageError, run_only, step_type
+from executor import License, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, read_json, url_fs, \
     write_json
+from steps.data.provenance import LICENSES_KEY, source_licenses, to_manifest
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
 EXAMPLE_SNIPPET = 200  # characters of the example reject named when the step fails
@@ -47,6 +53,9 @@ class IngestConfig:
     id_field: str | None = "id"  # None: ids are "FILE:LINE"
     keep_metadata: bool = True  # other fields go under "metadata"
     max_docs_per_shard: int = 100_000
+    # The source's licence (None: not declared, recorded as NOASSERTION, which no licence policy
+    # allows unless it names it). Identity: the licence is part of what this output is.
+    license: License | None = None
     files_per_task: int = run_only(default=1)
     # Where relative local inputs are read from (default: the working directory). Run-only, so a
     # repository-relative input names the same step from any checkout and any working directory.
@@ -70,7 +79,7 @@ class _Job:
     config: IngestConfig
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="2", resumable=True)
 def ingest(config: IngestConfig, ctx: StepContext) -> None:
     """Normalize raw JSONL/Parquet documents into JSONL shards, counting and keeping rejects."""
     files = expand(_rooted(config.input, config.root))
@@ -91,8 +100,10 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
         documents += ledger["documents"]
         example = example or ledger.get("example")
     check_rejects(documents, rejects, example, config)
+    licenses = source_licenses(ctx, config.license)
     write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
-                                    "rejects": dict(sorted(rejects.items())), "sources": names})
+                                    "rejects": dict(sorted(rejects.items())), "sources": names,
+                                    LICENSES_KEY: to_manifest(licenses)})
     ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
                        rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
 

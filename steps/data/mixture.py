@@ -99,21 +99,31 @@ def check_mixture(config: MixtureConfig) -> None:
         raise VoyageError(f"mixture: stage fractions sum to {total}, not 1")
 
 
-@step_type(version="1")
+@step_type(version="2")
 def mixture(config: MixtureConfig, ctx: StepContext) -> None:
-    """Write `mixture.json`: sizes, stage boundaries, draws and epochs per dataset."""
+    """Write `mixture.json`: sizes, stage boundaries, draws and epochs per dataset, and each
+    dataset's licences; the record's provenance gets the exact tokens per source and licence."""
+    from steps.data.provenance import LICENSES_KEY, consumption, manifest_licenses, note_sources, to_manifest
+
     sizes = {}
     for name, url in sorted(config.datasets.items()):
         manifest = read_json(join(url, MANIFEST))
+        licenses = manifest_licenses(manifest)
+        note_sources(ctx, licenses)
         # Named relative to this folder when in the same prefix: a copied prefix reads its own copy.
         sizes[name] = {"url": ref(ctx, url), "tokens": int(manifest["tokens"]),
-                       "documents": int(manifest["documents"])}
+                       "documents": int(manifest["documents"]), LICENSES_KEY: to_manifest(licenses)}
     manifest = plan_mixture(config, {n: s["tokens"] for n, s in sizes.items()})
     for name in sizes:
         manifest["datasets"][name].update(sizes[name])
     for warning in manifest["warnings"]:
         ctx.logger.warning("mixture: %s", warning)
     write_json(ctx.path(MIXTURE_FILE), manifest)
+    # What the whole budget draws, per stage and in all: the quotas, not the declared weights.
+    tokens = consumption(manifest, 0, manifest["sequences"])
+    tokens["stages"] = [dict(consumption(manifest, s["start"], s["end"]), stage=k)
+                        for k, s in enumerate(manifest["stages"])]
+    ctx.provenance["tokens"] = tokens
     ctx.results.update(sequences=manifest["sequences"], tokens=manifest["sequences"] * config.seq_len,
                        epochs=manifest["epochs"], warnings=manifest["warnings"],
                        stage_starts=[s["start"] for s in manifest["stages"]])
@@ -237,6 +247,16 @@ class MixtureSampler:
             inside = labels[:m - j * self.block]
             before += np.bincount(inside, minlength=len(self.names))
         return before
+
+    def draws_until(self, index: int) -> np.ndarray:
+        """Draws of every dataset among global sequences [0, index) (index up to len(self)):
+        exact, from the per-block quotas and one block's slots."""
+        if not 0 <= index <= self.size:
+            raise IndexError(f"sequence {index} out of range 0..{self.size}")
+        if index == self.size:
+            return self.draws_before(len(self.stages), 0)
+        k = self.stage_of(index)
+        return self.draws_before(k, index - int(self._stage_starts[k]))
 
     def _cumulative_at_block(self, k: int, j: int) -> np.ndarray:
         if self._blocks(k) == 1:

@@ -32,6 +32,7 @@ import numpy as np
 from executor import InputPath, Resources, StepContext, run_only, step_type
 from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, \
     read_json, token_dtype, write_json
+from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.refs import ref
 from steps.data.tokenizer import load_tokenizer, special_id
 
@@ -60,7 +61,7 @@ class _Job:
     threads: int
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="2", resumable=True)
 def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     """Tokenize documents into uint16/uint32 token shards with int64 document offsets."""
     inputs = document_shards(config.documents)
@@ -84,7 +85,10 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
         shards.append({"name": f"{i:05d}", "tokens": ledger["tokens"], "documents": ledger["documents"],
                        "source": ref(ctx, url)})
     tokens, documents = sum(s["tokens"] for s in shards), sum(s["documents"] for s in shards)
+    licenses = folder_licenses(config.documents)  # the text's licences (the tokenizer's are in the record)
+    note_sources(ctx, licenses)
     write_json(ctx.path(MANIFEST), {
+        LICENSES_KEY: to_manifest(licenses),
         "format": TOKENS_FORMAT, "dtype": token_dtype(vocab).name, "vocab_size": vocab,
         "tokenizer": ref(ctx, config.tokenizer),
         "bos": config.bos, "eos": config.eos, "bos_id": bos_id, "eos_id": eos_id,

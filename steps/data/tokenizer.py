@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Iterator
 
-from executor import InputPath, StepContext, VoyageError, step_type
+from executor import InputPath, License, StepContext, VoyageError, step_type
 from steps.data.formats import document_shards, iter_text_batches, url_fs
 
 DEFAULT_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -59,6 +59,9 @@ def train_tokenizer(config: TrainTokenizerConfig, ctx: StepContext) -> None:
                     yield text
 
     stream = texts() if config.max_documents is None else itertools.islice(texts(), config.max_documents)
+    from steps.data.provenance import folder_licenses, note_sources
+
+    note_sources(ctx, folder_licenses(config.documents))  # what it learned its vocabulary from
     tok.train_from_iterator(stream, trainer=trainer)
     with ctx.open("tokenizer.json", "w") as f:
         f.write(tok.to_str())
@@ -73,6 +76,9 @@ class PinTokenizerConfig:
 
     source: str  # a tokenizer.json URL, a folder holding one, or a hub name (needs the network)
     expect_vocab_size: int | None = None  # fail early if the tokenizer is not the one meant
+    # The tokenizer's licence (a hub tokenizer comes under its model's licence): it reaches every
+    # step that tokenizes with it. None: declared by no one (NOASSERTION; docs/provenance.md).
+    license: License | None = None
 
 
 @step_type(version="1")

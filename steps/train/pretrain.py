@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from executor import StepContext, VoyageError, step_type
+from steps.data.provenance import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
 
@@ -100,6 +101,11 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     final = checkpoint.list_checkpoints(ctx.output)[-1]
     meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)
     row = run.get("metrics") or {}
+    # Exact tokens per source and licence: the mixture's sequences of the optimizer steps this
+    # output's checkpoints trained on (steps.data.provenance), not the declared weights.
+    batch = config.data.batch_size
+    ctx.provenance["tokens"] = dict(consumption(job.manifest, job.start * batch, final.step * batch),
+                                    steps=[job.start, final.step])
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)

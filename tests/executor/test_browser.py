@@ -216,3 +216,48 @@ def _serve(folder):
 
 def _scale(transform: str) -> float:
     return float(transform.rsplit("scale(", 1)[1].rstrip(")"))
+
+
+def _marked(o, plan, cls):
+    names = [d.name for d in plan.decisions]
+    found = o.page.eval_on_selector_all(f"#boxes .{cls}[data-step]", "els => els.map(e => +e.dataset.step)")
+    return sorted(names[i] for i in found)
+
+
+def test_selecting_a_step_highlights_its_lineage_both_ways_with_licences(browser, tmp_path):
+    """Issue 14: in the plan drawing and the live page, a selected step marks everything it was
+    built from (`up`) and everything built from it (`down`), transitively, and the details name
+    the licences reaching it, a source's own licence and a step's policy."""
+    from test_lineage import voyage as licensed_voyage
+
+    prefix = str(tmp_path / "p")
+    plan = replan(small_voyage(), prefix)
+    path = tmp_path / "plan.html"
+    write_viz(plan, str(path), title="small")
+    o = Opened(browser, path)
+    o.click_step(plan, "join/ab")
+    assert _marked(o, plan, "sel") == ["join/ab"]
+    assert _marked(o, plan, "up") == ["data/a", "data/b"]
+    assert _marked(o, plan, "down") == ["join/abc", "model"]
+    assert "2 upstream (blue), 2 downstream (green)" in o.page.inner_text("#details")
+    o.click_step(plan, "data/b")  # the marks move with the selection
+    assert _marked(o, plan, "up") == [] and _marked(o, plan, "down") == ["join/ab", "join/abc", "model"]
+    o.check_clean(path)
+
+    steps = licensed_voyage()
+    live_plan = replan(steps, str(tmp_path / "q"))
+    page = LivePage(live_plan, "licensed", "feedbeef", min_interval=0.05)
+    _, summary = run_inline(steps, str(tmp_path / "q"), on_change=page.start())
+    page.close(summary)
+    live = page.store.path(page.folder, "index.html")
+    o = Opened(browser, live)
+    details = o.click_step(live_plan, "train")
+    assert "licences\nCC-BY-SA-4.0, NVIDIA data agreement" in details
+    assert _marked(o, live_plan, "up") == ["mix", "raw/web", "raw/wiki"]
+    assert _marked(o, live_plan, "down") == ["release"]
+    details = o.click_step(live_plan, "raw/web")
+    assert "source licence\nNVIDIA data agreement <https://example.org/nvidia>" in details
+    details = o.click_step(live_plan, "wiki-model")
+    assert "policy\nopen licences only" in details and '"licenses": [' in details  # the record's provenance
+    o.shot("live-lineage.png")
+    o.check_clean(live)

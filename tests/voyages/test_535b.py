@@ -174,6 +174,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     plan, summary = laptop_voyage.plan, laptop_voyage.summary
     monkeypatch.chdir(ROOT)  # the bundled corpus is named by repository-relative paths
     assert summary.exit_code == 0, [(o.name, o.error) for o in summary.failed]
+    licences_and_tokens_are_recorded(prefix, plan)
     ev = plan.dag["eval/laptop"]
     results = json.load(open(os.path.join(prefix, ev.dirname, "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
@@ -200,6 +201,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
         assert moved.counts() == {"CACHED": len(moved.decisions)}
         digests = {d.name: d.status.output_digest for d in after.decisions}
         assert {d.name: d.status.output_digest for d in moved.decisions} == digests
+        licences_and_tokens_are_recorded(copy, moved)
         _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
         assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
         assert not os.path.exists(prefix)
@@ -207,6 +209,30 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
         assert summary.stale_after == []
     finally:
         shutil.move(away, prefix)
+
+
+
+def licences_and_tokens_are_recorded(prefix, plan):
+    """Issue 14, item 1: both sources' licences reach every trained artifact, and the tokens each
+    training step consumed per source and licence are the sampler's own choice of every sequence
+    of the optimizer steps it trained (not the declared weights)."""
+    from steps.data.mixture import MixtureSampler, load_mixture
+
+    def record(name):
+        return json.load(open(os.path.join(prefix, plan.dag[name].dirname, ".step.json")))
+
+    sampler = MixtureSampler(load_mixture(os.path.join(prefix, plan.dag["mixture/laptop"].dirname)))
+    for name, steps in (("pretrain/laptop", [0, 320]), ("midtrain/laptop", [320, 400])):
+        tokens = record(name)["provenance"]["tokens"]
+        assert tokens["steps"] == steps and tokens["sequences"] == [steps[0] * 32, steps[1] * 32]
+        drawn = collections.Counter(sampler.locate(i).dataset for i in range(steps[0] * 32, steps[1] * 32))
+        assert tokens["by_source"] == {
+            "raw/kjv": {"sequences": drawn["kjv"], "tokens": 65 * drawn["kjv"], "license": "public domain"},
+            "raw/pydocs": {"sequences": drawn["pydocs"], "tokens": 65 * drawn["pydocs"], "license": "PSF-2.0"}}
+        assert sum(v["tokens"] for v in tokens["by_license"].values()) == 65 * 32 * (steps[1] - steps[0])
+    for name in ("eval/laptop", "export/laptop"):
+        assert record(name)["provenance"]["licenses"] == ["PSF-2.0", "public domain"]
+        assert record(name)["environment"]["packages"]["torch"]
 
 
 def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):

@@ -1,0 +1,153 @@
+"""The environment a step ran in: the git commit of the code (and whether the tree was dirty) and
+the versions of the key packages. Recorded in every record, not keyed: like the code fingerprint,
+a difference is a note in the plan, never a new output path.
+
+Computed once per process (`current()`): reading the commit costs a few file reads (HEAD, a ref,
+packed-refs; no subprocess), the dirty flag one `git status` run, the versions one metadata
+lookup each. Code that is not a git checkout (an installed wheel, a copied folder), or a machine
+without git, records why the commit or the flag is unknown, and never fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from typing import Any
+
+# The packages whose versions change what a step computes. triton only where installed (the GPU
+# kernels); a package that is not installed is left out.
+PACKAGES = ("marin-voyage", "torch", "ray", "tokenizers", "triton", "numpy")
+GIT_TIMEOUT = 10.0  # seconds for the one `git status`; past it the flag is unknown
+
+
+def code_root() -> str:
+    """The folder holding the `executor` package: the checkout's root when run from a checkout."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=None)
+def current(root: str | None = None) -> dict[str, Any]:
+    """{"git": {"commit", "dirty", "describe"}, "packages": {name: version}} of this process."""
+    return {"git": git_state(root or code_root()), "packages": package_versions()}
+
+
+def package_versions() -> dict[str, str]:
+    """python and the installed key packages, by version."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def git_state(root: str) -> dict[str, Any]:
+    """The commit checked out at `root` and whether its tracked files (or new files git does not
+    ignore) differ from it; None for what cannot be known, with `describe` saying why."""
+    git_dir = _git_dir(root)
+    if git_dir is None:
+        return {"commit": None, "dirty": None, "describe": f"not a git checkout ({root}): an installed package?"}
+    try:
+        commit = _head_commit(git_dir)
+    except OSError as e:
+        return {"commit": None, "dirty": None, "describe": f"cannot read git HEAD in {git_dir}: {e}"}
+    if commit is None:
+        return {"commit": None, "dirty": None, "describe": f"no commit checked out in {root}"}
+    dirty, why = _dirty(root)
+    state = {"commit": commit, "dirty": dirty, "describe": commit[:12] + ("-dirty" if dirty else "")}
+    if why:
+        state["describe"] = f"{commit[:12]} ({why})"
+    return state
+
+
+def _git_dir(root: str) -> str | None:
+    """`root/.git`, or the folder a worktree's `.git` file points to; None when there is neither
+    (only `root` itself is looked at: an installed package inside some checkout is not it)."""
+    dot = os.path.join(root, ".git")
+    if os.path.isdir(dot):
+        return dot
+    if os.path.isfile(dot):
+        try:
+            with open(dot, encoding="utf-8") as f:
+                line = f.read().strip()
+        except OSError:
+            return None
+        if line.startswith("gitdir:"):
+            path = line[len("gitdir:"):].strip()
+            return path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))
+    return None
+
+
+def _head_commit(git_dir: str) -> str | None:
+    """The commit HEAD names, read from the files (a worktree's refs live in its common dir)."""
+    with open(os.path.join(git_dir, "HEAD"), encoding="utf-8") as f:
+        head = f.read().strip()
+    if not head.startswith("ref:"):
+        return head or None  # detached
+    ref = head[len("ref:"):].strip()
+    common = git_dir
+    common_file = os.path.join(git_dir, "commondir")
+    if os.path.isfile(common_file):
+        with open(common_file, encoding="utf-8") as f:
+            common = os.path.normpath(os.path.join(git_dir, f.read().strip()))
+    for base in (git_dir, common):
+        path = os.path.join(base, ref)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip() or None
+    packed = os.path.join(common, "packed-refs")
+    if os.path.isfile(packed):
+        with open(packed, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == ref:
+                    return parts[0]
+    return None  # a branch without commits
+
+
+def _dirty(root: str) -> tuple[bool | None, str]:
+    """(whether the tree differs from HEAD, why that is unknown)."""
+    git = shutil.which("git")
+    if git is None:
+        return None, "dirty unknown: no git program"
+    try:
+        out = subprocess.run([git, "-C", root, "status", "--porcelain", "--untracked-files=normal"],
+                             capture_output=True, timeout=GIT_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"dirty unknown: {type(e).__name__}"
+    if out.returncode != 0:
+        first = out.stderr.decode("utf-8", "replace").strip().splitlines()[:1]
+        return None, f"dirty unknown: git status failed ({first[0] if first else out.returncode})"
+    return bool(out.stdout.strip()), ""
+
+
+def packages_digest(env: dict[str, Any]) -> str:
+    """A short digest of the package versions (what `.status` keeps, so the plan can compare)."""
+    body = json.dumps(env.get("packages") or {}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def commit_text(env: dict[str, Any]) -> str:
+    """`abc123def456` or `abc123def456-dirty`, or "" when unknown."""
+    git = env.get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return ""
+    return commit[:12] + ("-dirty" if git.get("dirty") else "")
+
+
+def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two package maps, as `torch 2.12.0 -> 2.13.0` (sorted by name)."""
+    old, new = recorded.get("packages") or {}, now.get("packages") or {}
+    out = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            out.append(f"{name} {old.get(name, 'absent')} -> {new.get(name, 'absent')}")
+    return out

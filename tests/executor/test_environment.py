@@ -1,0 +1,103 @@
+"""The environment in the record (executor.environment): the git commit and dirty flag of the code
+and the key package versions; recorded, not keyed; cheap (once per process, never a subprocess per
+step); and code that is not a git checkout (an installed wheel) says so without failing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vizkit import replan, run_inline, small_voyage  # noqa: E402
+
+from executor import environment  # noqa: E402
+from executor.store import Status, Store  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GIT = pytest.mark.skipif(subprocess.run(["git", "--version"], capture_output=True).returncode != 0,
+                         reason="no git program")
+
+
+@GIT
+def test_a_checkout_records_its_commit_and_dirty_flag(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git[:3] + ["init", "-q", "-b", "main"], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "a.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    head = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert environment.git_state(str(repo)) == {"commit": head, "dirty": False, "describe": head[:12]}
+    (repo / "a.py").write_text("x = 2\n")
+    assert environment.git_state(str(repo))["dirty"] is True
+    # a worktree: `.git` is a file naming the git dir; the branch's ref lives in the common dir
+    subprocess.run(git[:3] + ["worktree", "add", "-q", str(tmp_path / "wt"), "-b", "other"], check=True)
+    assert environment.git_state(str(tmp_path / "wt"))["commit"] == head
+    # refs packed away (git gc): read from packed-refs
+    subprocess.run(git[:3] + ["pack-refs", "--all"], check=True)
+    assert environment.git_state(str(repo))["commit"] == head
+
+
+def test_code_that_is_not_a_checkout_says_so_and_never_fails(tmp_path, monkeypatch):
+    """An installed wheel: site-packages has no .git, and one further up (a venv inside some
+    repository) is not this code's."""
+    site = tmp_path / "repo" / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "repo" / ".git").mkdir()
+    state = environment.git_state(str(site))
+    assert state["commit"] is None and state["dirty"] is None and "not a git checkout" in state["describe"]
+    # a checkout where no git program is installed: the commit from the files, the flag unknown
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    state = environment.git_state(ROOT)
+    assert len(state["commit"]) == 40 and state["dirty"] is None and "no git program" in state["describe"]
+    # a .git that cannot be read
+    broken = tmp_path / "broken"
+    (broken / ".git").mkdir(parents=True)
+    assert environment.git_state(str(broken))["commit"] is None
+
+
+def test_versions_of_the_key_packages():
+    packages = environment.package_versions()
+    assert packages["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert {"marin-voyage", "torch", "ray", "tokenizers"} <= set(packages)
+
+
+def test_once_per_process_not_per_step(tmp_path, monkeypatch):
+    """Planning cached steps made under other package versions reads the current environment
+    once (the cache) and one record to say what changed: no subprocess per step."""
+    prefix = str(tmp_path / "p")
+    steps = small_voyage()
+    plan, summary = run_inline(steps, prefix)
+    assert summary.exit_code == 0
+    store = Store(prefix)
+    for d in plan.decisions:  # as if made with torch 2.12.0
+        status = store.read_status(d.node.dirname)
+        record = store.read_record(d.node.dirname)
+        record.environment["packages"]["torch"] = "2.12.0"
+        store.write_record(d.node.dirname, record)
+        store.write_status(d.node.dirname, status.model_copy(update={"env": environment.packages_digest(
+            record.environment)}))
+    calls = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    reads = []
+    read_record = Store.read_record
+    monkeypatch.setattr(Store, "read_record", lambda self, d: reads.append(d) or read_record(self, d))
+    again = replan(steps, prefix)
+    assert calls == []  # this process had computed it already (the run's workers ran here)
+    assert len(reads) == 1
+    now = environment.current()["packages"]["torch"]
+    for d in again.decisions:
+        assert d.state == "CACHED" and d.env_drift == f"torch 2.12.0 -> {now}"
+        assert f"made with torch 2.12.0 -> {now} (recorded, not keyed" in d.reason
+        assert d.node.dirname in {x.node.dirname for x in plan.decisions}  # same paths: not keyed
+
+
+def test_status_and_record_written_before_these_fields_still_load(tmp_path):
+    old = {"state": "SUCCESS", "digest": "ab" * 32, "output_digest": "cd" * 32, "inputs": {}, "time": 1.0}
+    status = Status.model_validate_json(json.dumps(old))
+    assert status.env == "" and status.commit == ""
+    assert environment.differences({}, environment.current())[0].startswith("marin-voyage absent -> ")
