@@ -165,8 +165,9 @@ class ParallelConfig:
 
     One of `dp_replicate` and `dp_shard` may be -1: all the workers the other leaves. The default
     is FSDP over every worker; `ParallelConfig(dp_replicate=-1, dp_shard=1)` is plain data
-    parallelism (DDP in fp32). The 535B anchor: `ParallelConfig(dp_replicate=11, dp_shard=64,
-    ep=64, checkpointing="selective")` on 704 workers, one 64-GPU expert mesh per rack.
+    parallelism (DDP in fp32). The 535B plan (steps/scale): `ParallelConfig(dp_replicate=11,
+    dp_shard=64, ep=64, checkpointing="selective", offload="moments")` on 704 workers, one 64-GPU
+    expert mesh per rack, as the anchor's mesh (whose checkpointing is not published).
 
     `offload="moments"` (the anchor's choice at 535B) keeps the two AdamW moments of each rank's
     shards in pinned host memory and streams them through the device one parameter at a time for

@@ -34,6 +34,28 @@ RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_
                  "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
+def _trainer_class() -> type:
+    """TorchTrainer whose placement-group cleaner is told to stop within 1 s. Ray Train (2.60)
+    starts a detached cleaner actor that removes the run's placement group if the controller
+    dies; on a normal end the controller waits for it to stop with a 12 s timeout, which its
+    monitor thread (blocked in a 10 s state-API call) always runs out: every fit() ended 12 s
+    late with a GetTimeoutError logged. With 1 s the cleaner still watches, finds the group
+    removed when the controller is gone, and exits (bench: fit() of an empty function 24 s -> 16 s)."""
+    from ray.train.torch import TorchTrainer
+
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:  # another Ray: its own defaults
+        return TorchTrainer
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):  # noqa: ANN202  (Ray Train's private hook)
+            return [PlacementGroupCleanerCallback(stop_timeout=1.0) if isinstance(c, PlacementGroupCleanerCallback)
+                    else c for c in super()._create_default_callbacks()]
+
+    return Trainer if hasattr(TorchTrainer, "_create_default_callbacks") else TorchTrainer
+
+
 def in_process(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
     return entry(job)
 
@@ -49,7 +71,7 @@ def ray_train(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
     """Run `entry(job)` (the training loop) on `job.workers` Ray Train workers; raises what a
     worker raised. `job` is a training Job or any job with `ctx`, `workers` and `parallel`."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     import ray
 
@@ -68,7 +90,7 @@ def ray_train(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
     saved = {k: os.environ.get(k) for k in RAY_TRAIN_ENV}
     os.environ.update({k: v for k, v in RAY_TRAIN_ENV.items() if saved[k] is None})
     try:
-        trainer = TorchTrainer(
+        trainer = _trainer_class()(
             _worker, train_loop_config={"job": job, "entry": entry},
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=use_gpu, resources_per_worker=per_worker,
