@@ -40,7 +40,7 @@ def _trainer_class() -> type:
     dies; on a normal end the controller waits for it to stop with a 12 s timeout, which its
     monitor thread (blocked in a 10 s state-API call) always runs out: every fit() ended 12 s
     late with a GetTimeoutError logged. With 1 s the cleaner still watches, finds the group
-    removed when the controller is gone, and exits (bench: fit() of an empty function 24 s -> 16 s)."""
+    removed when the controller is gone, and exits (bench/ray_train_fit.py: 23.1 s -> 11.3 s)."""
     from ray.train.torch import TorchTrainer
 
     try:
