@@ -335,16 +335,21 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _feistel_params(n: int, key: tuple[int, ...]) -> tuple[int, int, int]:
+    """(bits a half, the half's mask, the round seed) of the network over range(n) and `key`."""
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    seed = 0
+    for part in key:
+        seed = _mix64(seed ^ (part & _MASK64) ^ 0x9E3779B97F4A7C15)
+    return half, (1 << half) - 1, seed
+
+
 def feistel(i: int, n: int, key: tuple[int, ...], rounds: int = 4) -> int:
     """A pseudo-random permutation of range(n) evaluated at i: a balanced Feistel network over
     the next even power of two, cycle-walking until the value falls inside range(n)."""
     if n <= 1:
         return 0
-    half = max(1, ((n - 1).bit_length() + 1) // 2)
-    mask = (1 << half) - 1
-    seed = 0
-    for part in key:
-        seed = _mix64(seed ^ (part & _MASK64) ^ 0x9E3779B97F4A7C15)
+    half, mask, seed = _feistel_params(n, key)
     x = i
     while True:
         left, right = x >> half, x & mask
@@ -353,3 +358,21 @@ def feistel(i: int, n: int, key: tuple[int, ...], rounds: int = 4) -> int:
         x = (left << half) | right
         if x < n:
             return x
+
+
+def feistel_inverse(x: int, n: int, key: tuple[int, ...], rounds: int = 4) -> int:
+    """The i with `feistel(i, n, key) == x`: the rounds undone in reverse order, cycle-walking
+    backwards until the value falls inside range(n)."""
+    if not 0 <= x < max(n, 1):
+        raise ValueError(f"{x} is outside range({n})")
+    if n <= 1:
+        return 0
+    half, mask, seed = _feistel_params(n, key)
+    y = x
+    while True:
+        left, right = y >> half, y & mask
+        for r in reversed(range(rounds)):
+            left, right = right ^ (_mix64(left ^ seed ^ (r << 56)) & mask), left
+        y = (left << half) | right
+        if y < n:
+            return y

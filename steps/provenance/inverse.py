@@ -22,29 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steps.data.mixture import _MASK64, MixtureSampler, _mix64
-
-
-def feistel_inverse(x: int, n: int, key: tuple[int, ...], rounds: int = 4) -> int:
-    """The i with `steps.data.mixture.feistel(i, n, key) == x`: the network's rounds undone in
-    reverse order, cycle-walking backwards until the value falls inside range(n)."""
-    if not 0 <= x < max(n, 1):
-        raise ValueError(f"{x} is outside range({n})")
-    if n <= 1:
-        return 0
-    half = max(1, ((n - 1).bit_length() + 1) // 2)
-    mask = (1 << half) - 1
-    seed = 0
-    for part in key:
-        seed = _mix64(seed ^ (part & _MASK64) ^ 0x9E3779B97F4A7C15)
-    y = x
-    while True:
-        left, right = y >> half, y & mask
-        for r in reversed(range(rounds)):
-            left, right = right ^ (_mix64(left ^ seed ^ (r << 56)) & mask), left
-        y = (left << half) | right
-        if y < n:
-            return y
+from steps.data.mixture import MixtureSampler, feistel_inverse  # noqa: F401  (feistel_inverse: re-exported)
 
 
 @dataclass(frozen=True)
