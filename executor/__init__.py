@@ -16,10 +16,17 @@ and for files that readers see whole or not at all:
 
     from executor import AtomicFile, write_atomic
 
+and for naming other outputs without their attempts (docs/concepts.md, "Attempts"):
+
+    from executor import attempt_root, logical_url, served_url
+
 Importing it imports neither Ray nor torch.
 """
 
 from executor.api import plan_steps, run_plan, run_steps
+from executor.attempts import attempt_root
+from executor.attempts import logical as logical_url
+from executor.attempts import served as served_url
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
@@ -59,13 +66,16 @@ __all__ = [
     "StepState",
     "StepType",
     "VoyageError",
+    "attempt_root",
     "is_local",
+    "logical_url",
     "is_object_store",
     "output_of",
     "plan_steps",
     "run_only",
     "run_plan",
     "run_steps",
+    "served_url",
     "step_type",
     "this_output",
     "write_atomic",

@@ -24,6 +24,31 @@ from executor.errors import VoyageError
 from executor.step import Resources
 from executor.store import url_to_fs
 
+# Names of the executor's own files: a step that wrote them would corrupt its status, record or
+# lease (an earlier `ctx.open(".status", "w")` livelocked a run on "corrupt status" forever).
+RESERVED = frozenset({".status", ".step.json", ".lease", ".attempts"})
+
+
+def own_path(step: str, parts: Sequence[str]) -> list[str]:
+    """The segments of a path inside a step's output folder; a VoyageError naming the step and
+    the path if it is absolute, has a `..` segment, or names one of the executor's files."""
+    out: list[str] = []
+    for part in parts:
+        if not part:
+            continue
+        if not isinstance(part, str):
+            raise VoyageError(f"step {step}: a path inside its output must be a string, got {part!r}")
+        why = ("is absolute" if part.startswith("/") or "://" in part else
+               "has a '..' segment, which leaves the step's output folder" if ".." in part.split("/") else "")
+        segments = [s for s in part.split("/") if s and s != "."]
+        if not why and any(s in RESERVED for s in segments):
+            why = f"names one of the executor's files ({', '.join(sorted(RESERVED))})"
+        if why:
+            raise VoyageError(f"step {step}: ctx path {part!r} {why}; a step writes only inside its own output")
+        out.extend(segments)
+    return out
+
+
 Mapper = Callable[[Callable[[Any], Any], Sequence[Any], "Resources | None"], list]
 
 
@@ -51,16 +76,17 @@ class StepContext:
         self.logger = logging.getLogger(f"marin.step.{self.name}")
 
     def path(self, *parts: str) -> str:
-        """The URL of a path inside this step's output folder."""
-        return "/".join([self.output.rstrip("/"), *(p.strip("/") for p in parts if p)])
+        """The URL of a path inside this step's output folder (VoyageError for one that would
+        leave it or name the executor's files: `..`, an absolute path, `.status`, ...)."""
+        return "/".join([self.output.rstrip("/"), *own_path(self.name, parts)])
 
     def fs_path(self, *parts: str) -> str:
         """The same, as a path on `ctx.fs` (no protocol)."""
-        return posixpath.join(self._root, *parts)
+        return posixpath.join(self._root, *own_path(self.name, parts))
 
     def open(self, relpath: str, mode: str = "rb", **kwargs: Any) -> Any:
         """Open a file inside the output folder (parents are created for writes)."""
-        if any(m in mode for m in "wax"):
+        if any(m in mode for m in "wax+"):
             self.fs.makedirs(posixpath.dirname(self.fs_path(relpath)), exist_ok=True)
         return self.fs.open(self.fs_path(relpath), mode, **kwargs)
 

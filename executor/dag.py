@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from executor.errors import IdentityError, VoyageError
 from executor.fingerprint import Fingerprint, code_fingerprint
-from executor.identity import step_digest
+from executor.identity import check_depth, step_digest
 from executor.refs import input_refs
 from executor.step import InputRef, Step
 
@@ -137,6 +137,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
             duplicates.append(s)
         _check_type_name(types, s)
         try:
+            check_depth(s.config)
             found = refs_of[id(s)] = input_refs(s.config)
         except IdentityError as e:
             raise IdentityError(f"step {s.name!r} ({s.origin}): {e}") from None
@@ -177,12 +178,18 @@ def _check_type_name(types: dict[str, Step], step: Step) -> None:
     """Two step types of one name (say, a module's `tokenize` and another's) would share every
     digest: an error naming both modules, whatever the registry kept."""
     first = types.setdefault(step.type.name, step)
-    if first.type is step.type or _file_of(first.type.fn) == _file_of(step.type.fn):
-        return  # one definition loaded twice
     a, b = first.type.fn, step.type.fn
+    if first.type is step.type or (_file_of(a) == _file_of(b) and not _one_execution(a, b)):
+        return  # one definition loaded twice
     raise VoyageError(f"two step types are named {step.type.name!r}: {a.__module__}.{a.__qualname__} "
                       f"(step {first.name!r}) and {b.__module__}.{b.__qualname__} (step {step.name!r}); "
                       f"they would share every digest: give one another name (@step_type(..., name=...))")
+
+
+def _one_execution(a: Any, b: Any) -> bool:
+    """Two functions defined by one execution of one module (two `name=` clashing in one file),
+    as opposed to one file loaded twice (each load has globals of its own)."""
+    return getattr(a, "__globals__", None) is getattr(b, "__globals__", object()) and a is not b
 
 
 def _file_of(fn: Any) -> str:

@@ -55,7 +55,7 @@ def explain(plan: Plan, name: str, out: TextIO) -> None:
               Text(d.state, style=RICH.get(d.state, "")) + Text(f": {d.reason}" if d.reason else ""))
     con.print(f"  digest   {node.digest}")
     con.print(f"  scheme   {SCHEME}")
-    con.print(f"  path     {plan.store.url(node.dirname)}")
+    con.print(f"  path     {plan.path(node)}")
     con.print(f"  runs on  {node.step.resources.describe()}")
     for s in d.stale_inputs:
         con.print(Text(f"  stale    input {s.name} output {s.recorded[:16]} -> {s.current[:16]}", style=RICH[StepState.STALE]))

@@ -21,6 +21,7 @@ not keyed, so the plan can say "code drifted" without forking a new output on ev
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import hashlib
@@ -220,6 +221,84 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 def _canonical(enc: Any) -> str:
     return json.dumps(enc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# How deep a config may nest. Deeper (or cyclic: a list that holds itself) is a bad config, one
+# line naming the step, never a RecursionError of hundreds of frames.
+MAX_DEPTH = 200
+
+
+def check_depth(value: Any, path: str = "config") -> None:
+    """Raise IdentityError if `value` holds itself (a cycle) or nests deeper than MAX_DEPTH,
+    naming the field path where it happens. Iterative: it never recurses itself."""
+    stack: list[tuple[Any, str, int, tuple[int, ...]]] = [(value, path, 0, ())]
+    while stack:
+        v, where, depth, above = stack.pop()
+        if isinstance(v, (str, bytes, int, float, bool, type(None), enum.Enum, pathlib.PurePath, InputRef, OwnOutput)):
+            continue
+        if id(v) in above:
+            raise IdentityError(f"{where}: the config holds itself (a cycle); a config must be a tree of values")
+        if depth >= MAX_DEPTH:
+            raise IdentityError(f"{where}: the config nests deeper than {MAX_DEPTH} levels")
+        here = (*above, id(v))
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            children = [(getattr(v, f.name), f"{where}.{f.name}") for f in dataclasses.fields(v)]
+        elif isinstance(v, dict):
+            children = [(x, f"{where}[{k!r}]") for k, x in v.items()]
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            children = [(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        else:
+            continue
+        stack.extend((x, p, depth + 1, here) for x, p in children)
+
+
+def normalized(value: Any, kind: Kind = None) -> Any:
+    """`value` as it was hashed: an int in a field declared float is that float, a whole float in
+    a field declared int is that int, -0.0 is 0.0 (what `encode` says they mean), so the step
+    receives exactly what its digest covers. Parts that need no change are shared, not copied."""
+    if value is True or value is False or value is None or isinstance(value, (str, bytes, enum.Enum)):
+        return value
+    if isinstance(value, int):
+        return float(value) if kind == "float" else value
+    if isinstance(value, float):
+        if kind == "int" and value.is_integer():
+            return int(value)
+        return value + 0.0 if value == 0 else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for name, field_kind in _field_kinds(type(value)):
+            old = getattr(value, name)
+            new = normalized(old, field_kind)
+            if new is not old:
+                changes[name] = new
+        if not changes:
+            return value
+        clone = copy.copy(value)
+        for k, v in changes.items():
+            object.__setattr__(clone, k, v)
+        return clone
+    if isinstance(value, (list, tuple)) and not hasattr(type(value), "_fields"):
+        item = kind[1] if isinstance(kind, tuple) and kind[0] == "seq" else None
+        items = [normalized(v, item) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if isinstance(value, dict):
+        item = kind[1] if isinstance(kind, tuple) and kind[0] == "map" else None
+        out = {k: normalized(v, item) for k, v in value.items()}
+        return value if all(out[k] is value[k] for k in value) else type(value)(out)
+    return value
+
+
+_FIELD_KINDS: dict[type, list[tuple[str, Kind]]] = {}
+
+
+def _field_kinds(cls: type) -> list[tuple[str, Kind]]:
+    """(name, declared kind) of the identity fields of a dataclass type, once per type."""
+    kinds = _FIELD_KINDS.get(cls)
+    if kinds is None:
+        hints = _type_hints(cls)
+        kinds = _FIELD_KINDS[cls] = [(f.name, _kind(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
+                                     if f.init and not f.metadata.get("run_only")]
+    return kinds
 
 
 def step_digest(step_type: StepType, config: Any, digest_of: DigestOf) -> str:

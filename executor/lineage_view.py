@@ -16,7 +16,7 @@ from typing import Any, Callable, TextIO
 from executor.dag import Node
 from executor.plan import Plan
 from executor.state import StepState
-from executor.store import RECORD
+
 
 MAX_LISTED = 6  # source names listed per licence in the dry-run block
 
@@ -27,7 +27,10 @@ def records(plan: Plan, names: list[str]) -> dict[str, dict[str, Any]]:
     if not wanted:
         return {}
     store = plan.store
-    paths = {store.path(d.node.dirname, RECORD): d.name for d in wanted}
+    where = store.record_paths({d.node.dirname: d.status for d in wanted})  # the committed attempt's
+    paths = {where[d.node.dirname]: d.name for d in wanted if d.node.dirname in where}
+    if not paths:
+        return {}
     raw = store.fs.cat(list(paths), on_error="return")
     out: dict[str, dict[str, Any]] = {}
     for path, name in paths.items():

@@ -27,7 +27,7 @@ from executor.plan import Plan
 from executor.runner import Outcome, RunSummary
 from executor.files import is_gcs, write_atomic
 from executor.state import StepState, initial
-from executor.store import RECORD, SUCCESS
+from executor.store import SUCCESS
 from executor.viz import graph, html
 from executor.viz.metrics import MetricsReader
 
@@ -63,6 +63,10 @@ class LivePage:
                                    if d.node.step.type.resumable and d.status is not None and d.status.state == SUCCESS}
         self.metrics = MetricsReader(self.store)
         self._records: dict[int, dict[str, Any]] = {}  # of the steps that finished in this run
+        # the folder of the attempt each output serves (executor.attempts), as planned or as finished
+        self._served: dict[int, str] = {i: d.status.served().data_dir(d.node.dirname)
+                                        for i, d in enumerate(plan.decisions)
+                                        if d.status is not None and d.status.served() is not None}
         self.finished: float | None = None
         self._lock = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
@@ -178,8 +182,16 @@ class LivePage:
         """The records of steps that finished in this run (one concurrent batch)."""
         if not indices:
             return
-        paths = {self.store.path(self._dirnames[i], RECORD): i for i in indices}
-        try:
+        try:  # through each folder's `.status`: the record is in the folder of the attempt it commits
+            statuses = self.store.read_statuses([self._dirnames[i] for i in indices])
+            where = self.store.record_paths(statuses)
+            paths = {where[self._dirnames[i]]: i for i in indices if self._dirnames[i] in where}
+            for i in indices:
+                served = statuses.get(self._dirnames[i])
+                if served is not None and served.served() is not None:
+                    self._served[i] = served.served().data_dir(self._dirnames[i])
+            if not paths:
+                return
             found = self.store.fs.cat(list(paths), on_error="return")
         except Exception:  # a record is a detail of the page; the state is already known
             return
@@ -215,7 +227,7 @@ class LivePage:
             record = self._records.get(i) or drawn.get(d.name, {}).get("record") or {}
             card = (record.get("results") or {}).get("model_card")
             if isinstance(card, str) and record.get("state") == SUCCESS:
-                found[d.name] = f"../../../{self._dirnames[i]}/{card.lstrip('/')}"
+                found[d.name] = f"../../../{self._served.get(i, self._dirnames[i])}/{card.lstrip('/')}"
         return found
 
     def _cards_nav(self) -> bytes:

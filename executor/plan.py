@@ -35,7 +35,7 @@ from executor.lease import LeaseInfo, Leases
 from executor.licenses import LicensePolicy
 from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
-from executor.store import STATUS, Record, Status, Store
+from executor.store import STATUS, Record, Status, Store, parse_status
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
     StepState.CACHED, StepState.RUN, StepState.RERUN, StepState.STALE, StepState.RETRY, StepState.WAITING,
@@ -113,6 +113,11 @@ class Plan:
         return [d for d in self.decisions if d.will_run]
 
     def path(self, node: Node) -> str:
+        """The URL a reader reads for `node`: the folder of the attempt its `.status` commits
+        (executor.attempts), as planned; the output folder itself if it has none."""
+        status = self.by_name[node.name].status
+        if status is not None and status.served() is not None:
+            return self.store.url(status.served().data_dir(node.dirname))
         return self.store.url(node.dirname)
 
 
@@ -127,6 +132,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     step's own `licenses=` binds it): a disallowed licence is a VoyageError. `provenance=False`
     leaves both out, and the environment notes (what the planning benchmark compares against)."""
     sel = selection or Selection()
+    check_names(dag, store)
     for name in (*sel.rerun, *sel.only):
         if name not in dag.by_name:
             raise VoyageError(f"no step named {name!r} in this voyage{_closest(name, dag.by_name)}")
@@ -134,7 +140,10 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     if provenance:
         lineage = Lineage(dag, policy)
         lineage.check()
-    statuses = store.read_statuses([n.dirname for n in dag])
+    latest = store.read_statuses([n.dirname for n in dag])
+    # What each folder serves: its committed SUCCESS, which a newer attempt (running, or failed)
+    # does not replace until it commits itself; else its newest attempt's status, or None.
+    statuses = {k: (v.served() or v) if v is not None else None for k, v in latest.items()}
     forced = set(sel.rerun)
     downstream_of_forced = dag.downstream(forced) - forced if forced else set()
     if sel.only:
@@ -168,6 +177,10 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             d = Decision(node, RETRY, f"failed before (attempt {status.attempt})", will_run=True, status=status)
         else:
             d = Decision(node, RUN, "", will_run=True, status=status)
+        newest = latest[node.dirname]
+        if done and newest is not None and newest.state != SUCCESS and newest.attempt != status.attempt:
+            d.reason += (f"; its newest attempt ({newest.attempt}) " + ("failed" if newest.state == FAILED else
+                         "is running or was interrupted") + f": attempt {status.attempt}'s output is still served")
         if wanted is not None and node.name not in wanted:
             if d.will_run or d.state == STALE:
                 d.unselected = (d.state, d.reason)
@@ -191,6 +204,33 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             if d.state == RUN and not d.reason:
                 d.reason = _corrupt_status(store, d.node.dirname, listings) or _why_new(d.node, store, dag)
     return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases, lineage=lineage)
+
+
+# Limits of the stores an output path must fit: a file name (one segment) on every common local
+# filesystem, and a whole object name on GCS and S3 (bytes, without the bucket). The longest path
+# the executor writes under an output folder is an attempt's record written through a temporary.
+MAX_SEGMENT = 255
+MAX_OBJECT_NAME = 1024
+_LONGEST_INSIDE = len("/.attempts/0000-00000000/.tmp-000000000000-.step.json")
+
+
+def check_names(dag: Dag, store: Store) -> None:
+    """A VoyageError, when the plan is made, for a step whose output folder no store could hold:
+    a name segment over a file name's limit, or a path over an object name's (not mid-run, as
+    "File name too long")."""
+    base = len(store.root.encode()) + 1 if not store.is_local else 0
+    for node in dag:
+        for segment in node.dirname.split("/"):
+            if len(segment.encode()) > MAX_SEGMENT:
+                raise VoyageError(
+                    f"step {node.name!r} ({node.step.origin}): its folder name {segment[:40]}... is "
+                    f"{len(segment.encode())} bytes; a store holds at most {MAX_SEGMENT} a name (the step "
+                    f"name's part, plus 11 for '-<digest>', must fit): use a shorter name")
+        total = base + len(node.dirname.encode()) + _LONGEST_INSIDE
+        if not store.is_local and total > MAX_OBJECT_NAME:
+            raise VoyageError(f"step {node.name!r} ({node.step.origin}): its files' object names would be "
+                              f"{total} bytes under {store.prefix}; the store holds at most {MAX_OBJECT_NAME}: use "
+                              "a shorter name or prefix")
 
 
 def recorded_input(status: Status, dep: Node) -> tuple[bool, str | None]:
@@ -328,14 +368,11 @@ def _corrupt_status(store: Store, dirname: str, listings: dict[str, set[str]]) -
         return "its folder exists without a .status (an attempt died before its first write): not done"
     except OSError as e:
         return f"its .status cannot be read ({type(e).__name__}: {e}): not done; runs again"
-    try:
-        Status.model_validate_json(data)
+    status, problem = parse_status(data)
+    if status is not None:
         return ""
-    except ValueError as e:
-        first = str(e).splitlines()
-        detail = first[-1].strip() if not data.strip() else (first[2].strip() if len(first) > 2 else first[0])
-        what = "empty" if not data.strip() else f"not a status: {detail[:80]}"
-        return f"its .status is corrupt ({what}; {store.to_url(path)}): not done; runs again"
+    what = "empty" if not data.strip() else f"not a status: {problem[:80]}"
+    return f"its .status is corrupt ({what}; {store.to_url(path)}): not done; runs again"
 
 
 def _closest(name: str, names: Iterable[str]) -> str:

@@ -58,7 +58,10 @@ def start(address: str | None = None, num_cpus: int | None = None, pickle_by_val
             raise ClusterError(f"joining the Ray cluster at {target} failed: {_first_line(e)}") from None
         return False
     # "local": a new Ray of our own, whatever address file an earlier `ray start` left behind.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    except Exception as e:  # no room in /tmp, no free port, a broken install: a setting, not a step
+        raise ClusterError(f"starting a local Ray failed: {_first_line(e)}") from None
     return True
 
 

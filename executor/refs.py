@@ -120,22 +120,39 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def resolve(value: Any, url_of: Callable[[str], str], own: str) -> Any:
-    """A copy of a config with every reference replaced by its URL; containers keep their type
-    (a named tuple stays that named tuple) and a dataclass is copied without re-running its
-    `__post_init__`. Parts without references are shared, not copied."""
+def resolve(value: Any, url_of: Callable[[str], str], own: str | None) -> Any:
+    """A copy of a config with every reference replaced by its URL (`own=None` leaves the
+    `this_output` ones, which only the worker that chose the attempt's folder can resolve);
+    containers keep their type (a named tuple stays that named tuple) and a dataclass is copied
+    without re-running its `__post_init__`. Parts without references are shared, not copied."""
+    def url(ref: Any) -> Any:
+        if isinstance(ref, InputRef):
+            base = url_of(ref.step_name)
+            return f"{base}/{ref.subpath}" if ref.subpath else base
+        if own is None:
+            return ref
+        return f"{own}/{ref.subpath}" if ref.subpath else own
+    return map_refs(value, url)
+
+
+def detach(value: Any) -> Any:
+    """A copy of a config whose `output_of(step)` references name their step by name, so that it
+    travels to a worker without the Steps (and their configs) it points to."""
+    return map_refs(value, lambda ref: InputRef(ref.step_name, ref.subpath)
+                    if isinstance(ref, InputRef) and not isinstance(ref.step, str) else ref)
+
+
+def map_refs(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """A copy of `value` with every reference `r` replaced by `fn(r)` (see `resolve`)."""
     if isinstance(value, _SCALARS):
         return value
-    if isinstance(value, InputRef):
-        base = url_of(value.step_name)
-        return f"{base}/{value.subpath}" if value.subpath else base
-    if isinstance(value, OwnOutput):
-        return f"{own}/{value.subpath}" if value.subpath else own
+    if isinstance(value, REFS):
+        return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {}
         for name in field_names(type(value)):
             old = getattr(value, name)
-            new = resolve(old, url_of, own)
+            new = map_refs(old, fn)
             if new is not old:
                 changes[name] = new
         if not changes:
@@ -145,13 +162,13 @@ def resolve(value: Any, url_of: Callable[[str], str], own: str) -> Any:
             object.__setattr__(clone, k, v)
         return clone
     if isinstance(value, (list, tuple)):
-        items = [resolve(v, url_of, own) for v in value]
+        items = [map_refs(v, fn) for v in value]
         if all(a is b for a, b in zip(items, value)):
             return value
         if isinstance(value, list):
             return type(value)(items)
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
-        out = {k: resolve(v, url_of, own) for k, v in value.items()}
+        out = {k: map_refs(v, fn) for k, v in value.items()}
         return value if all(out[k] is value[k] for k in value) else type(value)(out)
     return value

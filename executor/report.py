@@ -192,7 +192,7 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
             o = os_[0]
             detail = o.error or (o.reason if o.state != S.SUCCESS else "")
             if o.state == S.FAILED:
-                detail = f"{detail}\nrecord: {plan.store.url(plan.dag[o.name].dirname)}/.step.json"
+                detail = f"{detail}\nrecord: {_record_url(plan, o.name)}"
             table.add_row(Text(state, style=style), o.name, f"{o.seconds:.1f}s" if o.seconds is not None else "",
                           detail)
     if table.row_count:
@@ -203,3 +203,13 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
     if page:
         con.print(f"voyage page: {page}")
     con.print(time.strftime("finished at %Y-%m-%d %H:%M:%S"))
+
+
+def _record_url(plan: Plan, name: str) -> str:
+    """Where the record of a step's newest attempt is (the folder of that attempt)."""
+    dirname = plan.dag[name].dirname
+    try:
+        status = plan.store.read_status(dirname)
+    except Exception:  # noqa: BLE001 - a pointer in a report; the folder is a good enough answer
+        status = None
+    return plan.store.url(f"{status.data_dir(dirname) if status is not None else dirname}/.step.json")

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from executor.identity import SCHEME, plain
+from executor.identity import SCHEME, normalized, plain
 from executor.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import Decision, Plan, recorded_input
-from executor.refs import resolve
+from executor.refs import detach
 from executor.state import Gate, StepState, blocked_reason, check_transition, gate, initial
 from executor.store import InputInfo
 from executor.worker import TaskResult, TaskSpec
@@ -97,8 +97,7 @@ class Runner:
         self.poll = poll
         self.on_change = on_change or (lambda outcome: None)
         self.outputs: dict[str, str | None] = {
-            d.name: d.status.output_digest for d in plan.decisions
-            if d.status is not None and d.status.state == SUCCESS}
+            d.name: d.status.output_digest for d in plan.decisions if d.has_output}
 
     def run(self) -> RunSummary:
         t0 = time.time()
@@ -209,7 +208,8 @@ class Runner:
         """Done, from the inputs whose outputs are there now. An input recorded without output, or
         without output now, never counts as the same."""
         status = self.store.read_status(d.node.dirname)
-        if status is None or status.state != SUCCESS:
+        status = status.served() if status is not None else None
+        if status is None:
             return False
         for dep in d.node.deps:
             _, then = recorded_input(status, dep)
@@ -227,13 +227,11 @@ class Runner:
 
     def _task(self, d: Decision, token: int, fresh: bool = False) -> TaskSpec:
         node, store = d.node, self.store
-        url_of = lambda name: store.url(self.plan.dag[name].dirname)  # noqa: E731
-        own = store.url(node.dirname)
         inputs = [InputInfo(name=dep.name, digest=dep.digest, output_digest=self.outputs.get(dep.name),
                             path=store.url(dep.dirname)) for dep in node.deps]
         fingerprint = self.plan.dag.fingerprint(node)
         return TaskSpec(
-            name=node.name, step_type=node.step.type, config=resolve(node.step.config, url_of, own),
+            name=node.name, step_type=node.step.type, config=detach(normalized(node.step.config)),
             plain_config=plain(node.step.config), prefix=store.prefix, dirname=node.dirname,
             digest=node.digest, scheme=SCHEME, code_fingerprint=fingerprint.digest, code_parts=fingerprint.parts,
             inputs=inputs, resources=node.step.resources, run_id=self.leases.owner.run_id, token=token,

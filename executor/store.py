@@ -132,6 +132,24 @@ class Status(BaseModel):
     code: str = ""  # code fingerprint of the step function that made it
     env: str = ""  # digest of the package versions it was made with (executor.environment); "" before
     commit: str = ""  # the git commit it was made from ("abc123def456[-dirty]"; "" unknown or before)
+    # Where this attempt writes, relative to the output folder (`.attempts/<id>`, executor.attempts);
+    # "" in folders written before attempts had folders of their own (the data is the folder itself).
+    dir: str = ""
+    # While an attempt runs or after it failed: the SUCCESS status it would replace, which stays
+    # the served output until a new attempt commits (None: nothing committed yet).
+    committed: "Status | None" = None
+
+    def served(self) -> "Status | None":
+        """The committed SUCCESS this status serves: itself, the one a running or failed attempt
+        would replace, or None."""
+        return self if self.state == SUCCESS else self.committed
+
+    def data_dir(self, dirname: str) -> str:
+        """The folder (relative to the prefix) of this status's attempt."""
+        return f"{dirname}/{self.dir}" if self.dir else dirname
+
+
+Status.model_rebuild()
 
 
 def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
@@ -161,6 +179,13 @@ class Store:
     def path(self, dirname: str, *parts: str) -> str:
         """The filesystem path (no protocol) of a folder or a file inside it."""
         return posixpath.join(self.root, dirname, *parts)
+
+    def served_dir(self, dirname: str) -> str:
+        """The folder (relative to the prefix) of the attempt an output folder's `.status`
+        commits; the folder itself if none does (executor.attempts)."""
+        status = self.read_status(dirname)
+        served = status.served() if status is not None else None
+        return served.data_dir(dirname) if served is not None else dirname
 
     def to_url(self, fs_path: str) -> str:
         return fs_path if self.is_local else self._scheme + fs_path
@@ -235,10 +260,20 @@ class Store:
         self.write_json(self.path(dirname, STATUS), status.model_dump())
 
     # -- record ----------------------------------------------------------------------------------
-    def read_record(self, dirname: str) -> Record | None:
-        """The record, or None if there is none (or it is corrupt, with a warning); StoreError if
-        it cannot be read."""
-        path = self.path(dirname, RECORD)
+    def read_record(self, dirname: str, status: Status | None = None, latest: bool = False) -> Record | None:
+        """The record of the output the folder serves, else of its newest attempt (`latest`: of
+        its newest attempt, committed or not), found through its `.status` (read unless given);
+        None if there is none (or it is corrupt, with a warning); StoreError if it cannot be read."""
+        if status is None:
+            status = self.read_status(dirname)
+        which = status if latest or status is None else (status.served() or status)
+        if which is None:
+            return None
+        return self.read_record_in(which.data_dir(dirname))
+
+    def read_record_in(self, folder: str) -> Record | None:
+        """The record `.step.json` of one attempt's folder (relative to the prefix)."""
+        path = self.path(folder, RECORD)
         try:
             data = self._bounded(lambda **bound: self.fs.cat_file(path, **bound), "read", self.to_url(path))
         except (FileNotFoundError, NotADirectoryError):
@@ -250,9 +285,36 @@ class Store:
                         self.to_url(path), str(e).splitlines()[0])
             return None
 
-    def write_record(self, dirname: str, record: Record) -> None:
+    def record_paths(self, folders: dict[str, Status | None]) -> dict[str, str]:
+        """The path of the served record of each output folder (those with one), for batch reads."""
+        return {d: self.path(s.served().data_dir(d), RECORD) for d, s in folders.items()
+                if s is not None and s.served() is not None}
+
+    def write_record(self, folder: str, record: Record) -> None:
+        """Write the record of the attempt whose folder (relative to the prefix) is `folder`."""
         record.updated = time.time()
-        self.write_json(self.path(dirname, RECORD), json.loads(record.model_dump_json()))
+        self.write_json(self.path(folder, RECORD), json.loads(record.model_dump_json()))
+
+    def swap_status(self, dirname: str, expect: Status, new: Status) -> bool:
+        """Replace `.status` with `new` only if it still names the attempt of `expect` (state,
+        attempt, token and folder): the commit. Atomic on every store; on GCS one write with
+        `ifGenerationMatch` of the status read, so nothing written in between is overwritten.
+        The caller holds the lease's fence (executor.lease.Leases.fence)."""
+        path = self.path(dirname, STATUS)
+        key = lambda s: None if s is None else (s.state, s.attempt, s.token, s.dir)  # noqa: E731
+        if is_gcs(self.fs):
+            from executor import gcs
+
+            found = gcs.read_object(self.fs, path)
+            current = None if found is None else _parse_status(path, found.data)
+            if key(current) != key(expect):
+                return False
+            data = json.dumps(new.model_dump(), indent=1, sort_keys=True).encode()
+            return gcs.write_if_generation(self.fs, path, data, found.generation)
+        if key(self.read_status(dirname)) != key(expect):
+            return False
+        self.write_status(dirname, new)
+        return True
 
     def newest_sibling_record(self, name: str, exclude: str | None = None) -> Record | None:
         """The newest record of another output folder of the same step name (for reasons)."""
@@ -375,11 +437,36 @@ def _read_local(path: str) -> bytes | OSError | None:
         return e
 
 
+# What a `.status` must hold to be believed: a SUCCESS names the recipe digest it was made for and
+# the output digest of what it commits; any state names the digest (a hand-edited or truncated
+# file holding only `{"state": "SUCCESS"}` is corrupt, never a cache hit).
+_REQUIRED = {SUCCESS: ("digest", "output_digest"), RUNNING: ("digest",), FAILED: ("digest",)}
+
+
 def _parse_status(path: str, data: Any) -> Status | None:
     if data is None or isinstance(data, FileNotFoundError):
         return None
+    status, problem = parse_status(data)
+    if status is None:
+        log.warning("corrupt status file %s (%s); treating the step as not done", path, problem)
+    return status
+
+
+def parse_status(data: bytes | str) -> tuple[Status | None, str]:
+    """(the status, "") or (None, why the bytes are not a status a plan may believe)."""
     try:
-        return Status.model_validate_json(data)
-    except (ValidationError, ValueError):
-        log.warning("corrupt status file %s; treating the step as not done", path)
-        return None
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        missing = [k for k in _REQUIRED.get(raw.get("state"), ()) if not raw.get(k)]
+        if missing:
+            raise ValueError(f"{raw.get('state')} without {', '.join(missing)}")
+        status = Status.model_validate(raw)
+        if status.committed is not None and status.committed.state != SUCCESS:
+            raise ValueError("its committed output is not a SUCCESS")
+        return status, ""
+    except ValidationError as e:
+        lines = str(e).splitlines()
+        return None, (lines[2].strip() if len(lines) > 2 else lines[0])
+    except ValueError as e:
+        return None, str(e).splitlines()[0]

@@ -49,6 +49,11 @@ def load(path: str) -> VoyageFile:
         raise VoyageError(f"{e.filename or path}:{e.lineno}: {e.msg}") from None
     except VoyageError:
         raise
+    except SystemExit as e:  # `sys.exit()` while importing: not marin-run's own exit, and never a 0
+        raise VoyageError(f"{_where(e, path)}: the voyage file called sys.exit({e.code!r}) while it was "
+                          "imported; a voyage file only defines `voyage(config)`") from None
+    except RecursionError:
+        raise VoyageError(f"{path}: RecursionError while importing (a cyclic or too deeply nested value?)") from None
     except Exception as e:
         raise VoyageError(f"{_where(e, path)}: {type(e).__name__}: {e}") from None
     fn = getattr(module, ENTRY, None)
@@ -70,6 +75,9 @@ def build_steps(vf: VoyageFile, config: Any) -> list[Step]:
         result = vf.fn(config) if vf.config_class is not None else vf.fn()
     except VoyageError:
         raise
+    except SystemExit as e:
+        raise VoyageError(f"{_where(e, vf.path)}: `{ENTRY}` called sys.exit({e.code!r}); it must return its "
+                          "steps") from None
     except Exception as e:
         raise VoyageError(f"{_where(e, vf.path)}: {type(e).__name__}: {e}") from None
     if isinstance(result, Step):

@@ -1,23 +1,25 @@
-"""Running one step inside a worker: the life of an output folder.
+"""Running one step inside a worker: the life of one attempt (docs/concepts.md, "Attempts").
 
-absent -> RUNNING -> SUCCESS | FAILED. The order of writes is the whole point:
-0. every input's `.status` is read: an input that is not SUCCESS (deleted, failed, or being
-   rerun by another executor) has no output, and the step is BLOCKED with nothing written;
-1. `.status` says RUNNING (a crash from here on leaves a folder that is never a cache hit), then
-   the record gains a new attempt;
-2. a non-resumable step's partial output from an earlier attempt is cleared; a resumable step
-   keeps its folder, less the uncommitted `.tmp-*` writes of an attempt that was killed, unless
-   it must start clean (`--rerun`, an output made without its inputs, or code that changed since
-   the attempt that left the folder: resume is for one lineage of one recipe and code);
-3. the function runs;
-4. the manifest (the step type's declared logs marked, not digested) and output digest are
-   computed; every input's status is read again: if one changed while the step read it (another
-   executor reran it), the attempt FAILS, never SUCCESS from a half-read input;
-5. inside the lease's fence (`Leases.fence`: the lease still carries our token, and the status
-   still names this attempt), the record is written and only then `.status` SUCCESS, with the
-   output digest read from each input, by input name.
-Status and record are written only inside the fence, so an attempt that lost its lease (or was
-superseded by a retry of itself) never overwrites the folder of the one that replaced it.
+An attempt writes only into a folder of its own, `{output}/.attempts/{id}` (executor.attempts),
+which no reader resolves until a `.status` naming it is committed. The order of writes:
+0. every input's `.status` is read: an input that has no committed output is missing, and the
+   step is BLOCKED with nothing written; the config's `output_of` references are resolved to the
+   folders of the attempts those statuses commit, so the step reads committed bytes only;
+1. `.status` says RUNNING for this attempt and carries the SUCCESS it would replace
+   (`committed`), which stays served; the attempt's record is written into its folder;
+2. a fresh folder is chosen, except that a resumable step resumes the folder of its lineage's
+   last uncommitted attempt (same recipe, code and inputs; never after `--rerun`), less the
+   uncommitted `.tmp-*` writes of an attempt that was killed;
+3. the function runs, with `ctx.output` the attempt's folder;
+4. the manifest (the step type's declared logs marked, not digested) and output digest of the
+   attempt's folder are computed; every input's status is read again: if the output it serves
+   changed while the step read it (another executor reran it), the attempt FAILS with one line
+   saying so, never SUCCESS from a half-read input;
+5. inside the lease's fence, the record is written into the attempt's folder and then `.status`
+   is swapped to SUCCESS naming the attempt, only if it still names this attempt: the commit.
+Status and record are written only inside the fence, and data only into the attempt's own folder,
+so an attempt that lost its lease (or was superseded by a retry of itself) never changes a byte a
+reader resolves. A failed attempt leaves `.status` FAILED with the old output still committed.
 This module is engine-agnostic: the Ray backend calls `execute` inside a Ray task.
 """
 
@@ -32,10 +34,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor import attempts as layout
 from executor import environment
 from executor.context import Mapper, StepContext, local_map
 from executor.lease import Leases
-from executor.refs import resolve  # noqa: F401  (where it was; one rule for the DAG and the digest)
+from executor.refs import resolve
 from executor.state import StepState
 from executor.step import Resources, StepType
 from executor.store import FAILED, RUNNING, SUCCESS, Attempt, InputInfo, Record, Status, Store, output_digest
@@ -49,7 +52,7 @@ class TaskSpec:
 
     name: str
     step_type: StepType
-    config: Any  # references already resolved to URLs
+    config: Any  # `output_of` references by step name (refs.detach); resolved by the worker
     plain_config: Any
     prefix: str
     dirname: str
@@ -77,6 +80,7 @@ class TaskResult:
     error: str | None = None
     traceback: str | None = None
     attempt: int = 0
+    status: Status | None = None  # the SUCCESS it committed
     started: float = 0.0
     ended: float = 0.0
     lease_lost: bool = False
@@ -84,47 +88,58 @@ class TaskResult:
 
 
 def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None) -> TaskResult:
-    """Run one step through its whole output lifecycle; never raises for a user error."""
+    """Run one attempt of a step, from its inputs to its commit; never raises for a user error."""
     store = Store(task.prefix, **task.storage_options)
     leases = Leases(store, ttl=task.lease_ttl)
     started = time.time()
     before, missing = _read_inputs(store, task)
     if missing:
         return TaskResult(task.name, False, error=missing, started=started, ended=time.time(), blocked=True)
-    inputs = [i.model_copy(update={"output_digest": before[i.name].output_digest}) for i in task.inputs]
-    previous = store.read_record(task.dirname)
+    inputs = [i.model_copy(update={"output_digest": before[i.name].output_digest,
+                                   "path": store.url(before[i.name].data_dir(_input_dirname(i)))}) for i in task.inputs]
+    current = store.read_status(task.dirname)  # the newest attempt's, committed or not
+    previous = store.read_record(task.dirname, current, latest=True) if current is not None else None
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
-    _close_dead_attempts(attempts, store.read_status(task.dirname))
+    _close_dead_attempts(attempts, current)
     clean = _starts_clean(task, previous, attempts, inputs)
-    attempt = Attempt(number=len(attempts) + 1, state=RUNNING, started=started, host=socket.gethostname(),
+    number = max([a.number for a in attempts] + [current.attempt if current is not None else 0]) + 1
+    resumes = task.step_type.resumable and not clean and current is not None and current.state != SUCCESS \
+        and current.dir and previous is not None and previous.digest == task.digest
+    folder_rel = current.dir if resumes else layout.new_dir(number)  # type: ignore[union-attr]
+    folder = f"{task.dirname}/{folder_rel}"
+    attempt = Attempt(number=number, state=RUNNING, started=started, host=socket.gethostname(),
                       pid=os.getpid(), node=node, run_id=task.run_id, token=task.token,
                       reason=task.reason + (f"; {clean}" if clean and task.step_type.resumable else ""))
     record = Record(
         name=task.name, step_type=task.step_type.name, version=task.step_type.version, digest=task.digest,
-        scheme=task.scheme, output_path=store.url(task.dirname), config=task.plain_config,
+        scheme=task.scheme, output_path=store.url(folder), config=task.plain_config,
         code_fingerprint=task.code_fingerprint, code_parts=task.code_parts,
         resources=dataclasses.asdict(task.resources), inputs=inputs, state=RUNNING, attempts=[*attempts, attempt],
         created=previous.created if previous is not None and attempts else time.time(),
         provenance=copy.deepcopy(task.provenance), environment=environment.current(),
     )
-    running = Status(state=RUNNING, digest=task.digest, attempt=attempt.number, token=task.token)
+    committed = current.served() if current is not None else None
+    if committed is not None:
+        committed = committed.model_copy(update={"committed": None})
+    running = Status(state=RUNNING, digest=task.digest, attempt=number, token=task.token, dir=folder_rel,
+                     committed=committed)
     with leases.fence(task.dirname, task.token) as ours:
-        if ours:  # the status first: from here on a crash leaves a folder that is never a cache hit
+        if ours:  # the status first: from here on a crash leaves an attempt that is never served
             store.write_status(task.dirname, running)
-            store.write_record(task.dirname, record)
+            store.write_record(folder, record)
     if not ours:
         return _lost(task, attempt, started)
-    if not task.step_type.resumable or clean:
-        store.clear_partial(task.dirname)
-    else:  # the folder survives; what a killed attempt had not committed goes
-        store.clear_temporaries(task.dirname)
+    if resumes:  # the lineage's folder survives; what a killed attempt had not committed goes
+        store.clear_temporaries(folder)
 
-    ctx = StepContext(name=task.name, output=store.url(task.dirname), digest=task.digest, attempt=attempt.number,
+    ctx = StepContext(name=task.name, output=store.url(folder), digest=task.digest, attempt=number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
                       provenance=copy.deepcopy(task.provenance))
+    dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
     try:
-        task.step_type.fn(task.config, ctx)
-        manifest = store.manifest(task.dirname, is_log=task.step_type.is_log)  # its failure is the step's
+        config = resolve(task.config, dirs.__getitem__, store.url(folder))
+        task.step_type.fn(config, ctx)
+        manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
         _check_inputs_unchanged(store, task, before)
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
@@ -132,6 +147,15 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
         # failure of the step; the status stays RUNNING, as after a SIGKILL.
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+        if not interrupted and not isinstance(e, InputChanged):
+            # A file of an input that vanished under the step (another executor reran it and the
+            # old attempt was retired): the one-line reason, not the step's own FileNotFoundError.
+            try:
+                _check_inputs_unchanged(store, task, before)
+            except InputChanged as changed:
+                e = changed
+            except Exception:  # noqa: BLE001 - the store cannot say: keep the step's own error
+                pass
         attempt.state, attempt.ended = (INTERRUPTED if interrupted else FAILED), time.time()
         attempt.error, attempt.traceback = f"{type(e).__name__}: {e}", tb
         record.state, record.results = (RUNNING if interrupted else FAILED), ctx.results
@@ -139,36 +163,35 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         with leases.fence(task.dirname, task.token) as ours:
             ours = ours and _still_running(store, task.dirname, running)
             if ours:
-                store.write_record(task.dirname, record)
+                store.write_record(folder, record)
                 if not interrupted:
-                    store.write_status(task.dirname, Status(state=FAILED, digest=task.digest,
-                                                            attempt=attempt.number, token=task.token))
+                    store.swap_status(task.dirname, running, running.model_copy(update={"state": FAILED}))
         if interrupted:
             raise
         if not ours:
             return _lost(task, attempt, started)
-        return TaskResult(task.name, False, error=attempt.error, traceback=tb, attempt=attempt.number,
+        return TaskResult(task.name, False, error=attempt.error, traceback=tb, attempt=number,
                           started=started, ended=attempt.ended)
 
     attempt.state, attempt.ended = SUCCESS, time.time()
     record.state, record.manifest, record.output_digest, record.results = SUCCESS, manifest, digest_out, ctx.results
     record.provenance = ctx.provenance
+    done = Status(state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=number, token=task.token,
+                  inputs={i.name: i.output_digest for i in inputs}, inputs_by="name", code=task.code_fingerprint,
+                  env=environment.packages_digest(record.environment),
+                  commit=environment.commit_text(record.environment), dir=folder_rel)
     with leases.fence(task.dirname, task.token) as ours:
-        # Fencing: only while the lease carries our token and the folder is still this attempt's
-        # (a Ray retry of this task, after its node was presumed lost, carries the same token
-        # but a later attempt number) are the record and then SUCCESS written.
+        # Fencing: only while the lease carries our token and the status still names this attempt
+        # (a Ray retry of this task, after its node was presumed lost, carries the same token but
+        # a later attempt) is the record written, then the status swapped to SUCCESS: the commit.
         ours = ours and _still_running(store, task.dirname, running)
         if ours:
-            store.write_record(task.dirname, record)
-            store.write_status(task.dirname, Status(
-                state=SUCCESS, digest=task.digest, output_digest=digest_out, attempt=attempt.number,
-                token=task.token, inputs={i.name: i.output_digest for i in inputs}, inputs_by="name",
-                code=task.code_fingerprint, env=environment.packages_digest(record.environment),
-                commit=environment.commit_text(record.environment)))
+            store.write_record(folder, record)
+            ours = store.swap_status(task.dirname, running, done)
     if not ours:
         return _lost(task, attempt, started)
-    return TaskResult(task.name, True, output_digest=digest_out, attempt=attempt.number, started=started,
-                      ended=time.time())
+    return TaskResult(task.name, True, output_digest=digest_out, attempt=number, started=started,
+                      ended=time.time(), status=done)
 
 
 class InputChanged(RuntimeError):
@@ -189,12 +212,13 @@ def _read_inputs(store: Store, task: TaskSpec) -> tuple[dict[str, Status], str]:
     missing: list[str] = []
     for info in task.inputs:
         status = found[_input_dirname(info)]
-        if status is None or status.state != SUCCESS:
+        served = status.served() if status is not None else None
+        if served is None:
             what = "no .status" if status is None else f"its .status is {status.state}" + (
-                ", being rerun by another executor" if status.state == RUNNING else "")
+                ", being run by another executor" if status.state == RUNNING else "")
             missing.append(f"input {info.name} has no output ({what})")
         else:
-            statuses[info.name] = status
+            statuses[info.name] = served
     if missing:
         return statuses, f"{'; '.join(missing)}: {task.name} did not start (nothing written)"
     return statuses, ""
@@ -209,13 +233,14 @@ def _check_inputs_unchanged(store: Store, task: TaskSpec, before: dict[str, Stat
     changed = []
     for info in task.inputs:
         old, new = before[info.name], after.get(info.name)
-        if new is None or (old.output_digest, old.attempt, old.token) != (new.output_digest, new.attempt, new.token):
+        if new is None or (old.output_digest, old.attempt, old.token, old.dir) != \
+                (new.output_digest, new.attempt, new.token, new.dir):
             now = "no output now" if new is None else \
                 f"output {(old.output_digest or '')[:10]} -> {(new.output_digest or '')[:10]}, attempt {old.attempt} -> {new.attempt}"
             changed.append(f"input {info.name} changed while {task.name} read it ({now})")
     if changed:
-        raise InputChanged(f"{'; '.join(changed)}: another executor reran it; this attempt's output is not "
-                           f"trusted; run {task.name} again")
+        raise InputChanged(f"{'; '.join(changed)}: another executor reran it; this attempt is not "
+                           f"committed; run {task.name} again")
 
 
 def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt], inputs: list[InputInfo]) -> str:
@@ -251,8 +276,8 @@ def _close_dead_attempts(attempts: list[Attempt], status: Status | None) -> None
 
 def _still_running(store: Store, dirname: str, running: Status) -> bool:
     status = store.read_status(dirname)
-    return status is not None and (status.state, status.attempt, status.token) == (
-        running.state, running.attempt, running.token)
+    return status is not None and (status.state, status.attempt, status.token, status.dir) == (
+        running.state, running.attempt, running.token, running.dir)
 
 
 def _lost(task: TaskSpec, attempt: Attempt, started: float) -> TaskResult:

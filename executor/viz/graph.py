@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from executor.identity import plain
 from executor.plan import Plan
 from executor.state import StepState
-from executor.store import RECORD
+
 
 GROUP_MIN = 16  # parallel siblings drawn as one box
 LAYOUT_MAX = 800  # boxes handed to a layout engine, at most (when the grouping can get there)
@@ -185,7 +185,10 @@ def read_records(plan: Plan) -> dict[str, dict[str, Any]]:
     if not with_status:
         return {}
     store = plan.store
-    paths = {store.path(d.node.dirname, RECORD): d.name for d in with_status}
+    where = store.record_paths({d.node.dirname: d.status for d in with_status})  # the committed attempt's
+    paths = {where[d.node.dirname]: d.name for d in with_status if d.node.dirname in where}
+    if not paths:
+        return {}
     try:
         raw = store.fs.cat(list(paths), on_error="return")
     except Exception:  # a drawing without records is still a drawing

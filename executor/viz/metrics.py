@@ -86,14 +86,24 @@ class MetricsReader:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.curves: dict[str, Curves] = {}
+        self.folders: dict[str, str] = {}  # output folder -> the folder of its newest attempt
 
     def poll_many(self, dirnames: list[str]) -> bool:
         """Poll several folders: those never read in one concurrent batch, the others from where
-        they stopped. True if any curve changed."""
+        they stopped. True if any curve changed. Each is read in the folder of its newest attempt
+        (executor.attempts; one batch of `.status` reads), where a running step writes."""
+        try:
+            for d, status in self.store.read_statuses(dirnames).items():
+                folder = status.data_dir(d) if status is not None else d
+                if self.folders.get(d, folder) != folder:
+                    self.curves.pop(d, None)  # a new attempt: its curves start again
+                self.folders[d] = folder
+        except Exception:  # noqa: BLE001 - curves are a detail of the page
+            pass
         fresh = [d for d in dirnames if d not in self.curves]
         changed = False
         if fresh:
-            paths = {self.store.path(d, METRICS_FILE): d for d in fresh}
+            paths = {self.store.path(self.folders.get(d, d), METRICS_FILE): d for d in fresh}
             found = self.store.fs.cat(list(paths), on_error="return")
             if not isinstance(found, dict):  # one path: fsspec returns its bytes
                 found = {next(iter(paths)): found}
@@ -109,7 +119,7 @@ class MetricsReader:
 
     def poll(self, dirname: str) -> bool:
         """Read what was appended since the last poll; True if any curve changed."""
-        path = self.store.path(dirname, METRICS_FILE)
+        path = self.store.path(self.folders.get(dirname, dirname), METRICS_FILE)
         try:
             size = self.store.fs.size(path)
         except FileNotFoundError:

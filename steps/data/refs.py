@@ -9,22 +9,29 @@ region gives outputs with the same bytes, hence the same output digests, that re
 copy. Anything outside the prefix (a raw corpus in another bucket, a hub tokenizer name) is
 written as given, and resolved as itself.
 
-The prefix of a running step is its output URL less `{name}-{digest[:10]}` (the executor's
-folder naming); a step run by hand in some other folder has none, and writes URLs as given.
+The prefix of a running step is its output URL less its attempt (`/.attempts/{id}`) and
+`{name}-{digest[:10]}` (the executor's folder naming); a step run by hand in some other folder has
+none, and writes URLs as given. A name never holds an attempt: a path into another output is
+written relative to the output folders (`../../tokenized/kjv-af75ae205f/manifest.json`), and
+`resolve` reads it in the attempt that output's `.status` commits now (`executor.attempts`), so an
+identical rerun of the input, which cuts off downstream, leaves the name valid. A path inside the
+writer's own attempt stays inside it (`./shards/0.bin`): the attempt may not be committed yet.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-from executor import StepContext
+from executor import StepContext, attempt_root
+from executor import logical_url as logical
+from executor import served_url as served
 
 
 def prefix_of(ctx: StepContext) -> str | None:
     """The prefix the step's output folder lives under, or None if the folder is not named by
     the executor's rule (`{prefix}/{name}-{digest[:10]}`)."""
     tail = f"/{ctx.name}-{ctx.digest[:10]}"
-    output = ctx.output.rstrip("/")
+    output = logical(ctx.output)
     return output[: -len(tail)] if output.endswith(tail) and len(output) > len(tail) else None
 
 
@@ -35,17 +42,26 @@ def ref(ctx: StepContext, url: str, folder: str | None = None) -> str:
     folder = (folder or ctx.output).rstrip("/")
     if prefix is None or not (_inside(url, prefix) and _inside(folder, prefix)):
         return url
+    own = attempt_root(folder)
+    if own is None or not _inside(url, own):  # another output: named without attempts
+        url, folder = logical(url), logical(folder)
     rel = posixpath.relpath(_split(url)[1], _split(folder)[1])
     return rel if rel.startswith("../") else f"./{rel}"
 
 
 def resolve(name: str, folder: str) -> str:
-    """The URL a file in `folder` means by `name`: a `./` or `../` path against the folder,
-    anything else as it is."""
+    """The URL a file in `folder` means by `name`: a `./` or `../` path against the folder (in
+    the writer's own attempt, or else in the attempt another output commits), anything else as
+    it is."""
     if not name.startswith(("./", "../")):
         return name
     scheme, path = _split(folder.rstrip("/"))
-    return scheme + posixpath.normpath(posixpath.join(path, name))
+    here = scheme + posixpath.normpath(posixpath.join(path, name))
+    own = attempt_root(folder)
+    if own is not None and _inside(here, own):
+        return here
+    scheme, path = _split(logical(folder))
+    return served(scheme + posixpath.normpath(posixpath.join(path, name)))
 
 
 def _inside(url: str, prefix: str) -> bool:

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from executor import InputPath, StepContext, VoyageError, step_type
+from executor import logical_url as logical
+from executor import served_url as served
 from steps.data.formats import join, read_json, write_bytes
 from steps.data.mixture import MixtureSampler, load_mixture
 from steps.moe.config import MoEConfig, param_counts
@@ -215,14 +217,14 @@ def upstream_records(urls: list[str]) -> list[dict[str, Any]]:
         prefix = _prefix(url, rec)
         for inp in rec.get("inputs") or []:
             if inp["name"] not in seen:
-                dep = f"{prefix}/{inp['name']}-{inp['digest'][:10]}"
+                dep = served(f"{prefix}/{inp['name']}-{inp['digest'][:10]}")  # its committed attempt
                 queue.append((dep, _record(dep)))
     return sorted(seen.values(), key=lambda u: u["name"])
 
 
 def _prefix(url: str, rec: dict[str, Any]) -> str:
     tail = f"/{rec['name']}-{rec['digest'][:10]}"
-    url = url.rstrip("/")
+    url = logical(url)
     if not url.endswith(tail):
         raise VoyageError(f"card: {url} is not the executor's folder of {rec['name']} (expected it to end in {tail})")
     return url[: -len(tail)]
@@ -230,7 +232,7 @@ def _prefix(url: str, rec: dict[str, Any]) -> str:
 
 def _record(url: str) -> dict[str, Any]:
     try:
-        return read_json(join(url, RECORD))
+        return read_json(join(served(url), RECORD))
     except FileNotFoundError:
         raise VoyageError(f"card: {url} has no record ({RECORD}): not an executor output") from None
 

@@ -250,7 +250,7 @@ def audit(prefix: str) -> Audit:
         found = store.fs.find(store.root)
     except FileNotFoundError:
         found = []
-    folders = sorted(p.rpartition("/")[0] for p in found if p.endswith("/.status") or p.endswith("/.step.json"))
+    folders = sorted(p.rpartition("/")[0] for p in found if p.endswith("/.status"))
     for folder in dict.fromkeys(folders):
         dirname = folder[len(store.root):].strip("/")
         status, record = store.read_status(dirname), store.read_record(dirname)
@@ -268,7 +268,7 @@ def audit(prefix: str) -> Audit:
         if record is None or record.state != SUCCESS or record.manifest is None:
             problems.append("no SUCCESS record")
         else:
-            now = store.manifest(dirname)
+            now = store.manifest(store.served_dir(dirname))  # the attempt its .status commits
             if now != record.manifest:
                 problems.append("files differ from the record's manifest")
             if output_digest(record.manifest) != record.output_digest or record.output_digest != status.output_digest:

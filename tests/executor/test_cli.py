@@ -140,7 +140,7 @@ def test_run_cached_rerun_and_failure_exit_codes(tmp_path, capsys, ray_local):
     prefix = str(tmp_path / "p")
     code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2"], capsys)
     assert code == 0 and "SUCCESS 6" in out
-    report = next((tmp_path / "p" / "hello").glob("report-*/report.md")).read_text()
+    report = next((tmp_path / "p" / "hello").glob("report-*/.attempts/*/report.md")).read_text()  # its one attempt
     assert report.startswith("| word | count | share |")
     code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2"], capsys)
     assert code == 0 and "CACHED 6" in out and "nothing to run" in out
@@ -233,3 +233,39 @@ def voyage(config: Cfg):
     code, out, _ = run_cli([path, "--dry-run", "--prefix", str(prefix)], capsys)
     line = next(line for line in out.splitlines() if line.startswith("s "))
     assert code == 0 and "corrupt" in line and ".status" in line and "new step" not in line, line
+
+
+# -- issue 20 item 5: bad voyages and settings are one line and exit 2 ---------------------------------
+
+@pytest.mark.parametrize("body, named", [
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) while it was imported"),
+    (VOYAGE_HEAD + "\n@step_type(version='1', name='t2')\ndef a(config: C, ctx):\n    pass\n\n"
+     "@step_type(version='1', name='t2')\ndef b(config: C, ctx):\n    pass\n\ndef voyage(cfg: Cfg):\n"
+     "    return [Step('a', a, C()), Step('b', b, C())]\n", "two step types are named 't2'"),
+    (VOYAGE_HEAD + "\n@dataclass(frozen=True)\nclass L:\n    xs: object = None\n\ndef voyage(cfg: Cfg):\n"
+     "    loop = []\n    loop.append(loop)\n    return [Step('s', t, L(loop))]\n", "config.xs[0]: the config holds itself"),
+    (VOYAGE_HEAD + "\n@dataclass(frozen=True)\nclass L:\n    xs: object = None\n\ndef voyage(cfg: Cfg):\n"
+     "    deep = []\n    for _ in range(3000):\n        deep = [deep]\n    return [Step('s', t, L(deep))]\n",
+     "nests deeper than 200 levels"),
+    (VOYAGE_HEAD + "\ndef voyage(cfg: Cfg):\n    return [Step('x' * 300, t, C())]\n", "is 311 bytes; a store holds at most 255"),
+])
+def test_bad_voyages_are_one_line_and_exit_2(tmp_path, capsys, body, named):
+    v = str(tmp_path / "v20.py")
+    with open(v, "w") as f:
+        f.write(body)
+    code, out, err = run_cli([v, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    assert code == 2 and named in one_error_line(err), err
+    assert not os.path.exists(tmp_path / "p")
+
+
+def test_ray_failing_to_start_is_exit_2_in_one_line(tmp_path):
+    """A local Ray that cannot start (here: its temp folder is a file) is a setting, not a step
+    that failed: one line, exit 2."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    env = {**os.environ, "RAY_TMPDIR": str(blocker), "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    out = subprocess.run([sys.executable, "-m", "executor.cli", HELLO, "--prefix", str(tmp_path / "p"),
+                          "--no-live-page"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip() and "marin-run: error" in line]
+    assert out.returncode == 2 and len(lines) == 1 and "starting a local Ray failed" in lines[0], out.stderr[-2000:]

@@ -4,6 +4,7 @@ once, and the lease of one SIGKILLed is taken over within twice the lease timeou
 The executors join the session's local Ray (`--ray-address`), as people sharing a cluster do;
 bench/faults.py runs the same with an embedded Ray each."""
 
+import glob
 import json
 import os
 import sys
@@ -42,7 +43,7 @@ def test_a_killed_lease_holder_is_taken_over_within_twice_the_ttl(tmp_path, ray_
     common = ["--prefix", prefix, "--ray-address", address, "--lease-ttl", str(ttl), "--shards", "1", "--files", "6"]
     holder = faultkit.Executor(faultkit.SLOW, [*common, "--delay", "2"], str(tmp_path), name="holder")
     dirname = wait_until(lambda: faultkit.holds_a_lease(prefix, holder.pid), 90, "the holder to take a lease")
-    wait_until(lambda: os.path.exists(os.path.join(prefix, dirname, "part-000.bin")), 60, "the step to start")
+    wait_until(lambda: glob.glob(os.path.join(prefix, dirname, ".attempts/*/part-000.bin")), 60, "the step to start")
     # delay is run-only: the waiter runs the same steps, only faster
     waiter = faultkit.Executor(faultkit.SLOW, [*common, "--delay", "0.05"], str(tmp_path), name="waiter")
     wait_until(lambda: ": WAITING, leased by" in waiter.stderr or not waiter.running(), 90, "the waiter to wait")

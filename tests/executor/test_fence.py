@@ -57,7 +57,9 @@ def test_a_zombie_attempt_superseded_by_a_retry_with_the_same_token_writes_nothi
     results: list[TaskResult] = []
     zombie = threading.Thread(target=lambda: results.append(execute(task)))
     zombie.start()
-    while "zombie" in GATES or not store.fs.exists(store.path(dirname, "part-0.txt")):
+    deadline = time.time() + 30
+    while "zombie" in GATES or not store.fs.glob(store.path(dirname, ".attempts/*/part-0.txt")):
+        assert time.time() < deadline, "the zombie never wrote its first part"
         time.sleep(0.01)
     retry = execute(task)  # the gate is gone: the retry runs straight through
     assert retry.ok and retry.attempt == 2
@@ -67,7 +69,10 @@ def test_a_zombie_attempt_superseded_by_a_retry_with_the_same_token_writes_nothi
     record, status = store.read_record(dirname), store.read_status(dirname)
     assert status.state == "SUCCESS" and status.attempt == 2
     assert [a.state for a in record.attempts] == ["INTERRUPTED", "SUCCESS"]
-    assert record.manifest == store.manifest(dirname) and output_digest(record.manifest) == status.output_digest
+    served = store.served_dir(dirname)
+    assert record.manifest == store.manifest(served) and output_digest(record.manifest) == status.output_digest
+    # the zombie finished its writes, into its own attempt's folder, which no reader resolves
+    assert len(store.fs.glob(store.path(dirname, ".attempts/*/part-2.txt"))) == 2
 
 
 def test_an_attempt_whose_lease_was_taken_over_writes_nothing(prefix):
@@ -85,8 +90,9 @@ def test_an_attempt_whose_lease_was_taken_over_writes_nothing(prefix):
 def test_a_crash_between_record_and_status_is_not_a_success(prefix):
     store, _, dirname, task = setup(prefix)
     # killed right after the record said SUCCESS, before the status did
-    store.write_status(dirname, Status(state="RUNNING", digest=task.digest, attempt=1, token=task.token))
-    store.write_record(dirname, Record(name="s", step_type="fence_parts", version="1", digest=task.digest,
+    dead = ".attempts/0001-deadbeef"
+    store.write_status(dirname, Status(state="RUNNING", digest=task.digest, attempt=1, token=task.token, dir=dead))
+    store.write_record(f"{dirname}/{dead}", Record(name="s", step_type="fence_parts", version="1", digest=task.digest,
                                        scheme=task.scheme, output_path=store.url(dirname), state="SUCCESS",
                                        attempts=[Attempt(number=1, state="SUCCESS", started=0.0)]))
     assert execute(task).ok

@@ -97,7 +97,7 @@ def voyage(fail=False, salt_file=""):
 
 
 def read(store, plan, name, file):
-    return open(os.path.join(store.prefix, plan.dag[name].dirname, file)).read()
+    return open(os.path.join(store.prefix, store.served_dir(plan.dag[name].dirname), file)).read()
 
 
 def test_run_then_everything_cached(tmp_path):
@@ -177,7 +177,7 @@ def test_partial_output_of_an_interrupted_attempt_is_cleared(tmp_path):
     plan, summary = run_steps(voyage(), str(tmp_path))
     assert plan["a"].state == "RETRY" and "interrupted" in plan["a"].reason
     assert summary.outcomes["a"].state == "SUCCESS"
-    assert [m.path for m in store.manifest(d)] == ["value.txt"]
+    assert [m.path for m in store.manifest(store.served_dir(d))] == ["value.txt"]
 
 
 def test_a_folder_with_files_but_no_success_is_not_cached(tmp_path):
@@ -226,7 +226,10 @@ def test_a_resumed_step_loses_what_its_killed_attempt_left_uncommitted(tmp_path)
     assert summary.outcomes["shards"].attempts == 2
     store = Store(str(tmp_path / "p"))
     d = plan.dag["shards"].dirname
-    assert sorted(os.listdir(store.path(d))) == [".lease", ".status", ".step.json", "shard-0", "shard-1"]
+    assert sorted(os.listdir(store.path(d))) == [".attempts", ".lease", ".status"]
+    # the retry resumed the folder of its lineage's attempt, less the killed attempt's temporaries
+    assert len(os.listdir(store.path(d, ".attempts"))) == 1
+    assert sorted(os.listdir(store.path(store.served_dir(d)))) == [".step.json", "shard-0", "shard-1"]
     # the same output digest as a run that was never interrupted
     open(str(tmp_path / "marker2"), "w").close()
     clean_plan, clean = run_steps([Step("shards", shards, Flaky(str(tmp_path / "marker2")))], str(tmp_path / "q"))

@@ -79,7 +79,7 @@ def test_corrupt_record_is_none_with_a_warning(tmp_path, caplog):
     store.fs.makedirs(store.path(d), exist_ok=True)
     store.fs.pipe_file(store.path(d, ".step.json"), b'{"name": 1')
     with caplog.at_level(logging.WARNING):
-        assert store.read_record(d) is None
+        assert store.read_record_in(d) is None
     assert "corrupt record" in caplog.text
 
 
@@ -120,7 +120,7 @@ def test_clear_temporaries_removes_only_uncommitted_writes(tmp_path):
 
     store = Store(str(tmp_path / "prefix"))
     d = "steps/r-0000000000"
-    store.write_status(d, Status(state=SUCCESS, digest="0" * 64))
+    store.write_status(d, Status(state=SUCCESS, digest="0" * 64, output_digest="0" * 64))
     for rel, data in [("shards/00000.jsonl", b"done"), ("ledger/00000.json", b"{}")]:
         with store.fs.open(store.path(d, rel), "wb") as f:
             f.write(data)

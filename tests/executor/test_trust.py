@@ -427,9 +427,9 @@ def test_item12_a_consumer_whose_input_is_being_rerun_when_it_starts_is_blocked(
     assert run_steps(steps, prefix, pickle_by_value=[vf.module])[1].exit_code == 0
     plan = plan_steps(steps, prefix, Selection(rerun=("c",)))
     x = plan.dag["x"]
-    # after this plan, another executor takes x over to rerun it: RUNNING, its old files cleared
+    # after this plan, another executor takes x over to rerun it, and nothing of x is committed
+    # (a folder written before attempts kept the committed output served: issue 20)
     Store(prefix).write_status(x.dirname, Status(state="RUNNING", digest=x.digest, attempt=2, token=9))
-    os.remove(os.path.join(folder(prefix, "x"), "out.txt"))
     summary = run_plan(plan, pickle_by_value=[vf.module])
     c = summary.outcomes["c"]
     assert c.state == "BLOCKED" and "input x has no output" in c.reason, c

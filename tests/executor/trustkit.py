@@ -94,7 +94,14 @@ def folder(prefix, name: str) -> str:
 
 
 def read(prefix, name: str, file: str) -> str:
-    with open(os.path.join(folder(prefix, name), file)) as f:
+    """A file of step `name`'s output as a reader sees it: in the attempt its `.status` commits
+    (the output folder's own `.status`/`.lease`, and old-layout folders, directly)."""
+    where = folder(prefix, name)
+    if file not in (".status", ".lease"):
+        from executor.store import Store
+
+        where = os.path.join(str(prefix), Store(str(prefix)).served_dir(os.path.relpath(where, str(prefix))))
+    with open(os.path.join(where, file)) as f:
         return f.read()
 
 
