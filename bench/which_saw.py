@@ -61,7 +61,7 @@ def laptop(prefix: str, documents: int) -> None:
     rng = random.Random(0)
     times, inverse_times, sequences = [], [], []
     for source in ("kjv", "pydocs"):
-        ids = [d["id"] for url in document_shards(os.path.join(prefix, plan.dag[f"raw/{source}"].dirname))
+        ids = [d["id"] for url in document_shards(plan.path(plan.dag[f"raw/{source}"]))
                for d in iter_documents(url)]
         picks = rng.sample(ids, min(documents // 2, len(ids)))
         for doc_id in picks:
@@ -69,7 +69,7 @@ def laptop(prefix: str, documents: int) -> None:
             answer = which_saw(plan, source, doc_id)
             times.append(time.perf_counter() - t0)
             sequences.append(len(answer.sequences))
-        sampler = MixtureSampler(os.path.join(prefix, plan.dag["mixture/laptop"].dirname))
+        sampler = MixtureSampler(plan.path(plan.dag["mixture/laptop"]))
         inverse = MixtureInverse(sampler)
         for doc_id in picks[:20]:
             answer = which_saw(plan, source, doc_id)

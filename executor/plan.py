@@ -118,7 +118,7 @@ class Plan:
         status = self.by_name[node.name].status
         if status is not None and status.served() is not None:
             return self.store.url(status.served().data_dir(node.dirname))
-        return self.store.url(node.dirname)
+        return self.store.url(self.store.served_dir(node.dirname))  # made since it was planned, or never
 
 
 @gc_paused

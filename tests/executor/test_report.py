@@ -77,7 +77,8 @@ def test_summary_lists_failures_with_their_record_and_groups_successes(tmp_path)
     text = out.getvalue()
     assert "FAILED 1" in text and "SUCCESS 5" in text
     assert "RuntimeError: this step fails on purpose" in text
-    assert f"record: {plan.store.url(plan.dag['join/abc'].dirname)}/.step.json" in text
+    status = plan.store.read_status(plan.dag["join/abc"].dirname)  # the failed attempt's own record
+    assert f"record: {plan.store.url(status.data_dir(plan.dag['join/abc'].dirname))}/.step.json" in text
     assert "voyage page: file:///page/index.html" in text
 
     big = synthetic_plan(1000, "/tmp/x")

@@ -1,5 +1,6 @@
 """voyages/535b.py: the full plan with its budget, and the laptop rehearsal end to end."""
 
+from executor.store import Store  # issue 20: outputs are read in their committed attempt
 import collections
 import glob
 import importlib.util
@@ -176,9 +177,9 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     assert summary.exit_code == 0, [(o.name, o.error) for o in summary.failed]
     licences_and_tokens_are_recorded(prefix, plan)
     ev = plan.dag["eval/laptop"]
-    results = json.load(open(os.path.join(prefix, ev.dirname, "results.json")))
+    results = json.load(open(os.path.join(prefix, Store(prefix).served_dir(ev.dirname), "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
-    hf_folder_loads_and_scores(os.path.join(prefix, plan.dag["export/laptop"].dirname), tmp_path, monkeypatch)
+    hf_folder_loads_and_scores(os.path.join(prefix, Store(prefix).served_dir(plan.dag["export/laptop"].dirname)), tmp_path, monkeypatch)
     pages = list(glob.glob(os.path.join(prefix, "voyages", "535b", "*", "index.html")))
     assert pages, "the live page was not written"
 
@@ -219,9 +220,9 @@ def licences_and_tokens_are_recorded(prefix, plan):
     from steps.data.mixture import MixtureSampler, load_mixture
 
     def record(name):
-        return json.load(open(os.path.join(prefix, plan.dag[name].dirname, ".step.json")))
+        return json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan.dag[name].dirname), ".step.json")))
 
-    sampler = MixtureSampler(load_mixture(os.path.join(prefix, plan.dag["mixture/laptop"].dirname)))
+    sampler = MixtureSampler(load_mixture(os.path.join(prefix, Store(prefix).served_dir(plan.dag["mixture/laptop"].dirname))))
     for name, steps in (("pretrain/laptop", [0, 320]), ("midtrain/laptop", [320, 400])):
         tokens = record(name)["provenance"]["tokens"]
         assert tokens["steps"] == steps and tokens["sequences"] == [steps[0] * 32, steps[1] * 32]

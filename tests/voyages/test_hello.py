@@ -31,8 +31,8 @@ def test_hello_counts_add_up(tmp_path, ray_local):
     assert resources["hello/count/0"].cpus == 0.5 and resources["hello/report"].memory_gb == 0.25
     store = Store(str(tmp_path))
     merged = plan.dag["hello/merge"]
-    total = json.loads(open(os.path.join(str(tmp_path), merged.dirname, "total.json")).read())
+    total = json.loads(open(os.path.join(str(tmp_path), Store(str(tmp_path)).served_dir(merged.dirname), "total.json")).read())
     assert sum(total.values()) == 3 * 600
     assert store.read_record(merged.dirname).results == {"distinct_words": len(total), "words": 1800}
-    report = open(os.path.join(str(tmp_path), plan.dag["hello/report"].dirname, "report.md")).read()
+    report = open(os.path.join(str(tmp_path), Store(str(tmp_path)).served_dir(plan.dag["hello/report"].dirname), "report.md")).read()
     assert report.count("\n") == 2 + config.top_k

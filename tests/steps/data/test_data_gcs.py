@@ -118,7 +118,7 @@ def test_every_step_succeeds_on_gcs_and_locally(runs):
             assert status.state == SUCCESS and record.state == SUCCESS, (where, d.name)
             assert [a.state for a in record.attempts] == [SUCCESS], (where, d.name)
             # the record's manifest is what the folder holds, and the status repeats its digest
-            assert store.manifest(d.node.dirname) == record.manifest
+            assert store.manifest(store.served_dir(d.node.dirname)) == record.manifest
             assert output_digest(record.manifest) == record.output_digest == status.output_digest
             # nothing temporary left behind: no hidden name anywhere in the output
             assert not [e.path for e in record.manifest if any(p.startswith(".") for p in e.path.split("/"))]

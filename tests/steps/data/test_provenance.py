@@ -4,6 +4,7 @@ Manifests and records carry the licences; the mixture's tokens per source and li
 a licence corrected after a cached run re-addresses the source and everything after it; a copied
 prefix keeps every licence and count; records written before these fields still load."""
 
+from executor.store import Store  # issue 20: outputs are read in their committed attempt
 import collections
 import json
 import os
@@ -74,11 +75,11 @@ def made(tmp_path_factory):
 
 
 def _record(prefix, plan, name):
-    return json.load(open(os.path.join(prefix, plan.dag[name].dirname, ".step.json")))
+    return json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan.dag[name].dirname), ".step.json")))
 
 
 def _folder(prefix, plan, name):
-    return os.path.join(prefix, plan.dag[name].dirname)
+    return os.path.join(prefix, Store(prefix).served_dir(plan.dag[name].dirname))
 
 
 def test_licences_are_kept_in_every_manifest(made):

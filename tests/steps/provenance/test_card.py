@@ -2,6 +2,7 @@
 both sources with their licences and exact token counts, eval beside its baselines, every
 upstream step's digests, the code's version, and the live page's link to it."""
 
+from executor.store import Store  # issue 20: outputs are read in their committed attempt
 import glob
 import json
 import os
@@ -17,7 +18,7 @@ from steps.data.mixture import MixtureSampler
 def card(laptop_voyage):
     lv = laptop_voyage
     assert lv.summary.outcomes["card/laptop"].state == "SUCCESS", lv.summary.outcomes["card/laptop"].error
-    folder = os.path.join(lv.prefix, lv.plan.dag["card/laptop"].dirname)
+    folder = os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["card/laptop"].dirname))
     return lv, folder, json.load(open(os.path.join(folder, "card.json"))), open(os.path.join(folder, "MODEL_CARD.md")).read()
 
 
@@ -25,7 +26,7 @@ def test_card_names_both_sources_with_licences_and_exact_tokens(card):
     """Tokens per stage and source counted independently: every sequence of the steps trained,
     located by the sampler (a scan), times the sequence length."""
     lv, _folder, data, md = card
-    sampler = MixtureSampler(os.path.join(lv.prefix, lv.plan.dag["mixture/laptop"].dirname))
+    sampler = MixtureSampler(os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["mixture/laptop"].dirname)))
     counts = {"pretrain": {}, "midtrain": {}}
     for i in range(400 * 32):  # 320 pretrain steps, 80 midtrain steps of 32 sequences
         phase = "pretrain" if i < 320 * 32 else "midtrain"
@@ -50,7 +51,7 @@ def test_card_holds_the_model_eval_digests_and_code(card):
     plan = lv.plan
     assert data["model"]["parameters"] == {"total": 363_072, "active": 215_616}  # docs/training.md: tiny
     assert data["model"]["trained_steps"] == 400 and data["model"]["context"] == 64
-    results = json.load(open(os.path.join(lv.prefix, plan.dag["eval/laptop"].dirname, "results.json")))
+    results = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(plan.dag["eval/laptop"].dirname), "results.json")))
     ev = data["evaluation"]["overall"]
     assert (ev["loss"], ev["unigram_loss"], ev["bpb"], ev["unigram_bpb"]) == (
         results["loss"], results["unigram_loss"], results["bpb"], results["unigram_bpb"])

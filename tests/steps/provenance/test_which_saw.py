@@ -2,6 +2,7 @@
 backwards) is checked against a scan of every sequence's `locate` and against the batches the
 trainer's data loader (steps/train/data.py) yields at the steps it names."""
 
+from executor.store import Store  # issue 20: outputs are read in their committed attempt
 import dataclasses
 import json
 import os
@@ -77,7 +78,7 @@ def test_first_checkpoint_follows_the_trainers_schedule():
 
 def ids_of(prefix, plan, step):
     """The documents (id, global position) of an ingest step's output, in order."""
-    return [d["id"] for url in document_shards(os.path.join(prefix, plan.dag[step].dirname))
+    return [d["id"] for url in document_shards(os.path.join(prefix, Store(prefix).served_dir(plan.dag[step].dirname)))
             for d in iter_documents(url)]
 
 
@@ -86,7 +87,7 @@ def check_against_loader(answer, plan, prefix, sampler, seen):
     names hold the document's tokens where it says."""
     from steps.train.data import Batches
 
-    dataset = TokenDataset(os.path.join(prefix, plan.dag[answer.dataset].dirname))
+    dataset = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[answer.dataset].dirname)))
     doc = dataset.document(answer.document)
     start, end = answer.span
     assert end - start == doc.size
@@ -119,7 +120,7 @@ def laptop(laptop_voyage):
     lv = laptop_voyage
     assert all(lv.summary.outcomes[n].state in ("SUCCESS", "CACHED") for n in
                ("mixture/laptop", "pretrain/laptop", "midtrain/laptop")), lv.summary.outcomes
-    sampler = MixtureSampler(os.path.join(lv.prefix, lv.plan.dag["mixture/laptop"].dirname))
+    sampler = MixtureSampler(os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["mixture/laptop"].dirname)))
     return lv, sampler, reads_by_window(sampler)
 
 
@@ -132,12 +133,12 @@ def test_documents_of_both_sources_match_the_loader(laptop):
     picks = []
     for source in ("kjv", "pydocs"):
         ids = ids_of(prefix, plan, f"raw/{source}")
-        data = TokenDataset(os.path.join(prefix, plan.dag[f"tokenized/{source}"].dirname))
+        data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{source}"].dirname)))
         lengths = np.diff(data.offsets(0))
         picks += [(source, ids[0]), (source, ids[int(np.argmin(lengths))])]
     for index in (256, 255, 10_240):  # a block's first and last slot; the switch to midtrain's stage
         loc = sampler.locate(index)
-        data = TokenDataset(os.path.join(prefix, plan.dag[f"tokenized/{loc.dataset}"].dirname))
+        data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{loc.dataset}"].dirname)))
         doc = int(np.searchsorted(data.offsets(0), loc.token_start, side="right")) - 1
         picks.append((loc.dataset, ids_of(prefix, plan, f"raw/{loc.dataset}")[doc]))
     answers = {}
@@ -249,7 +250,7 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
     from executor.api import plan_steps
 
     plan = plan_steps(steps, prefix)
-    sampler = MixtureSampler(os.path.join(prefix, plan.dag["mixture/laptop"].dirname))
+    sampler = MixtureSampler(os.path.join(prefix, Store(prefix).served_dir(plan.dag["mixture/laptop"].dirname)))
     seen = reads_by_window(sampler)
     for source, (dup_id, keeper_id) in planted.items():
         answer = which_saw(plan, source, dup_id)
@@ -283,10 +284,10 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
     for name in ("raw", "dedup", "tokenized", "mixture", "pretrain", "midtrain"):
         shutil.copytree(os.path.join(lv.prefix, name), os.path.join(copy, name), symlinks=True)
     plan = plan_steps(lv.module.voyage(lv.config), copy)
-    os.remove(os.path.join(copy, plan.dag["dedup/kjv"].dirname, "duplicates.npy"))
+    os.remove(os.path.join(copy, Store(copy).served_dir(plan.dag["dedup/kjv"].dirname), "duplicates.npy"))
     with pytest.raises(VoyageError, match=r"duplicates.npy is missing, though its step is marked done"):
         which_saw(plan, "kjv", "kjv/Ge1")
-    offsets = os.path.join(copy, plan.dag["tokenized/pydocs"].dirname, "shards", "00000.offsets")
+    offsets = os.path.join(copy, Store(copy).served_dir(plan.dag["tokenized/pydocs"].dirname), "shards", "00000.offsets")
     with open(offsets, "r+b") as f:
         f.truncate(8 * 3)
     with pytest.raises(VoyageError, match=r"00000.offsets is cut short: no offsets for document 5"):
