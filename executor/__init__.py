@@ -12,6 +12,10 @@ and for licences (docs/provenance.md):
 
     from executor import License, LicensePolicy
 
+and for failures that know their class (executor.failures: the retry policy's budgets):
+
+    from executor import Hang, NonFinite
+
 and for files that readers see whole or not at all:
 
     from executor import AtomicFile, write_atomic
@@ -22,6 +26,7 @@ Importing it imports neither Ray nor torch.
 from executor.api import plan_steps, run_plan, run_steps
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
+from executor.failures import Hang, NonFinite
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
 from executor.plan import Plan, Selection
@@ -43,10 +48,12 @@ from executor.step import (
 
 __all__ = [
     "AtomicFile",
+    "Hang",
     "IdentityError",
     "InputPath",
     "InputRef",
     "License",
+    "NonFinite",
     "LicensePolicy",
     "OwnOutput",
     "Plan",

@@ -21,7 +21,7 @@ from steps.train.data import check_vocab, phases, read_mixture
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
-LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json")
+LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json", "logs/**")  # logs/: the watchdog's stacks
 
 
 @step_type(version="1", resumable=True, logs=LOGS)
@@ -106,6 +106,14 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     batch = config.data.batch_size
     ctx.provenance["tokens"] = dict(consumption(job.manifest, job.start * batch, final.step * batch),
                                     steps=[job.start, final.step])
+    # The spike guard's skips and rewinds of this phase (steps/train/spikes.py): in the record, and
+    # the optimizer steps whose data was read but never trained on for --which-saw.
+    events = [e for e in meta.get("spike_events") or [] if job.start <= e["step"] < job.end]
+    if events:
+        ctx.results["spike_events"] = events
+        ctx.provenance["tokens"]["skipped_steps"] = [
+            [e["skipped"][0], e["skipped"][1], "rewind"] if e["kind"] == "rewind" and "skipped" in e
+            else [e["step"], e["step"], "skip"] for e in events]
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)
