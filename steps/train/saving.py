@@ -6,8 +6,8 @@ that marker only when everything before it holds:
 1. **finite**: every floating tensor of the model and optimizer state is finite (one flag per
    tensor, one device sync, an all-reduce across ranks); else `NonFinite`, nothing is written;
 2. **uploaded**: DCP's save returned (sync) or its future completed (async);
-3. **verified readable**: DCP's `.metadata` reads back and names every tensor of the state, and a
-   sample of tensors (a different sample at each step, so that over a run every tensor is read
+3. **verified readable**: DCP's `.metadata` reads back and names every tensor of the state, every
+   data file is as long as the items it must hold, and a sample of tensors (a different sample at each step, so that over a run every tensor is read
    back) loads from the store with the same bytes (sha256) as the state had when it was saved.
 
 Async (`trainer.async_checkpoint`): DCP's `async_save` stages the state into host memory (pinned
@@ -22,6 +22,7 @@ still the one in force, and the next attempt deletes the unfinished folder.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import json
 import logging
 import pickle
@@ -29,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -104,6 +106,16 @@ def verify(url: str, expected: dict[str, torch.Tensor], sums: dict[str, str]) ->
     wrong = [k for k, t in expected.items() if hasattr(have[k], "size") and tuple(have[k].size) != tuple(t.shape)]
     if wrong:
         raise IOError(f"checkpoint {url}: tensors of another shape in .metadata: {wrong[:3]}")
+    # Every data file as long as the items .metadata places in it: an upload cut short is caught
+    # whichever tensors it cut (one listing of the folder).
+    need: dict[str, int] = {}
+    for item in meta.storage_data.values():
+        need[item.relative_path] = max(need.get(item.relative_path, 0), item.offset + item.length)
+    fs, path = fsspec.core.url_to_fs(url)
+    sizes = {posixpath.basename(e["name"]): e["size"] for e in fs.ls(path, detail=True)}
+    short = [f for f, n in sorted(need.items()) if sizes.get(f, -1) < n]
+    if short:
+        raise IOError(f"checkpoint {url}: data files missing or cut short: {short[:3]}")
     # Tensors as DCP keys them ("model.x"): a nested {model: {x: t}} dict loads them.
     fresh = {k: torch.empty_like(expected[k]) for k in sums}
     dcp.load(_nested(fresh), storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
