@@ -74,7 +74,7 @@ class Watchdog:
         self._pause = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._main = threading.main_thread().ident
+        self._target = threading.get_ident()  # the training thread (set again on entry)
         self._old_handler = None
 
     def bound(self) -> float:
@@ -107,6 +107,7 @@ class Watchdog:
     def __enter__(self) -> "Watchdog":
         if not self.cfg.enabled:
             return self
+        self._target = threading.get_ident()
         if threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(signal.SIGUSR2, self._raise_hang)
         self.last = time.monotonic()
@@ -131,9 +132,13 @@ class Watchdog:
                 continue
             self.fired = time.monotonic()
             self._dump()
-            if self._old_handler is not None:  # the training thread is the main thread: interrupt it
-                signal.pthread_kill(self._main, signal.SIGUSR2)
-            if self._stop.wait(self.cfg.grace_s if self._old_handler is not None else 0.0):
+            if self._old_handler is not None:  # the main thread: a signal interrupts a wait or a sleep
+                signal.pthread_kill(self._target, signal.SIGUSR2)
+            else:  # another thread (a Ray Train worker's): raised when it next runs Python code
+                import ctypes
+
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._target), ctypes.py_object(Hang))
+            if self._stop.wait(self.cfg.grace_s):
                 return  # it unwound
             log.error("watchdog: the training thread did not unwind within %.0fs; ending the process (exit %d)",
                       self.cfg.grace_s, EXIT_HANG)
