@@ -152,6 +152,11 @@ def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one
     rows = [json.loads(line) for line in open(tmp_path / "poisoned/metrics.jsonl")]
     assert any(r.get("events") for r in rows)  # marked in the curve the live page draws
     assert trained_ranges(0, 21, events) == [(0, 10), (17, 21)]
+    # --which-saw reads the same events from the newest checkpoint
+    from steps.provenance.which_saw import skipped_steps
+
+    newest = checkpoint.list_checkpoints(run.output)[-1].url
+    assert skipped_steps(newest, [9, 10, 14, 16, 17]) == [(10, "rewind"), (14, "rewind"), (16, "rewind")]
 
     # deterministic: killed after the rewind, resumed from step-20: the same events, the same bits
     killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=19))
