@@ -97,7 +97,11 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     ctx.results.update(phase=phase, workers=job.workers, start_step=job.start, end_step=job.end,
                        total_steps=job.phases.total, params=total, active_params=active)
     started = time.time()
-    launch(job)
+    timings = launch(job) or {}  # in-process: the loop's own timings (Ray Train workers keep theirs)
+    if timings.get("checkpoint_stall_s"):
+        ctx.results["checkpoint_stall_s"] = [round(x, 4) for x in timings["checkpoint_stall_s"]]
+    if timings.get("rewind_s"):
+        ctx.results["rewind_s"] = [round(x, 4) for x in timings["rewind_s"]]
     final = checkpoint.list_checkpoints(ctx.output)[-1]
     meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)
     row = run.get("metrics") or {}

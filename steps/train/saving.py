@@ -27,6 +27,7 @@ import json
 import logging
 import pickle
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +182,8 @@ class Saver:
         full = {**state, "train": {"state": blob}}
         pending = _Pending(step, url, meta, run, expected, sums)
         writer = Writer(url, sync_files=False)
+        if self.async_save and not dist.is_initialized():  # the upload thread warns after the context is gone
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         with checkpoint._single_process_ok():
             if self.async_save:
                 pending.future = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
