@@ -244,8 +244,9 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
     """The trainer's run mechanics and a worker's resources: at full scale, the plan's mesh."""
     common = dict(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
                   permanent_every=0 if config.laptop else 10_000)
-    if config.laptop:
-        return TrainerConfig(**common), scale.train_resources
+    if config.laptop:  # the live page overlays main's own laptop curve (data/reference/)
+        return TrainerConfig(**common, reference_curve=str(REPO / "data/reference/laptop_loss.csv")), \
+            scale.train_resources
     choice = plan_of(config)[0].plan.choice
     m = choice.mesh
     parallel = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep,

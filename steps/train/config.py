@@ -274,6 +274,9 @@ class TrainerConfig:
     tracker: TrackerConfig = run_only(default_factory=TrackerConfig)
     peak_flops: float = run_only(default=0.0)  # per worker, for MFU; 0: looked up from the device
     fail_after_steps: int = run_only(default=0)  # tests: raise after this many steps of this attempt
+    # a reference loss curve for the live page: a CSV/JSON of tokens and loss, or another training
+    # step's output (relative: under the prefix); steps/train/tracking.py
+    reference_curve: str = run_only(default="")
     async_checkpoint: bool = run_only(default=False)  # upload in the background (steps/train/saving.py)
     watchdog: WatchdogConfig = run_only(default_factory=WatchdogConfig)  # the hang bound (steps/train/watchdog.py)
     hang_at_step: int = run_only(default=-1)  # tests: block forever in this optimizer step, on attempt 1 only

@@ -18,10 +18,11 @@ from executor import StepContext, VoyageError, step_type
 from steps.data.provenance import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
+from steps.train.tracking import write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
-LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json", "logs/**")  # logs/: the watchdog's stacks
+LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")  # logs/: the watchdog's stacks
 
 
 @step_type(version="1", resumable=True, logs=LOGS)
@@ -93,6 +94,7 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     from steps.train.launch import launch
 
     job = prepare(config, ctx, phase)
+    write_reference(config.trainer.reference_curve, ctx.output)  # for the live page; a bad URL fails here
     total, active = count_params(job.model_config)
     ctx.results.update(phase=phase, workers=job.workers, start_step=job.start, end_step=job.end,
                        total_steps=job.phases.total, params=total, active_params=active)
