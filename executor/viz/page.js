@@ -459,7 +459,7 @@
     return clamp(Math.floor((w - 40) / 3) - 8, 260, 520);
   }
   function chart(name, keys, m) {
-    const W = chartWidth(), H = 170, L = 58, Rm = 12, Tm = 22, B = 20;
+    const W = chartWidth(), H = 170, L = 58, Rm = 12, Tm = Math.max(22, 8 + 11 * keys.length), B = 20;
     const el = svgEl("svg", { class: "chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
     const [x0, x1, y0, y1] = bounds(keys.map((k) => m.series[k]));
     const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
