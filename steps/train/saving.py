@@ -65,7 +65,7 @@ def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
     names = [k for k, t in tensors.items() if t.is_floating_point() and _local(t).numel()]
-    if not names:
+    if not names:  # the same keys on every rank: all of them return here, or none
         return []
     flags = torch.stack([~torch.isfinite(_local(tensors[k])).all() for k in names]).to(torch.int32)
     if dist.is_initialized():
@@ -121,8 +121,8 @@ def verify(url: str, expected: dict[str, torch.Tensor], sums: dict[str, str]) ->
     fresh = {k: torch.empty_like(expected[k]) for k in sums}
     dcp.load(_nested(fresh), storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
     bad = [k for k in sums if checksum(fresh[k]) != sums[k]]
-    flag = torch.tensor([len(bad)])
-    if dist.is_initialized() and dist.get_backend() == "gloo":
+    flag = torch.tensor([len(bad)], device="cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu")
+    if dist.is_initialized():  # every rank raises, or none
         dist.all_reduce(flag)
     if bad or flag.item():
         raise IOError(f"checkpoint {url}: tensors read back differ from what was saved: {bad[:3] or 'on another rank'}")
@@ -191,17 +191,20 @@ class Saver:
             else:
                 dcp.save(full, storage_writer=writer, no_dist=not dist.is_initialized())
         pending.stall_s = time.perf_counter() - t0
-        self.stalls.append(pending.stall_s)
         self.pending = pending
-        if not self.async_save:
+        if not self.async_save:  # verified and marked before training goes on
             self.finish()
+        self.stalls.append(time.perf_counter() - t0)
 
     def poll(self) -> None:
         """Finish an async save whose upload is done (one process: every step; several ranks
         finish at the next save or at the end, where they all are)."""
         p = self.pending
         if p is not None and p.future is not None and not dist.is_initialized() and p.future.done():
+            t0 = time.perf_counter()
             self.finish()
+            if self.stalls:  # verifying and marking is the training thread's time too
+                self.stalls[-1] += time.perf_counter() - t0
 
     def finish(self) -> int | None:
         """Wait for the pending upload, verify it and write its marker; returns its step."""
