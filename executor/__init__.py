@@ -12,6 +12,10 @@ and for licences (docs/provenance.md):
 
     from executor import License, LicensePolicy
 
+and for failures that know their class (executor.failures: the retry policy's budgets):
+
+    from executor import Hang, NonFinite
+
 and for files that readers see whole or not at all:
 
     from executor import AtomicFile, write_atomic
@@ -29,6 +33,7 @@ from executor.attempts import logical as logical_url
 from executor.attempts import served as served_url
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
+from executor.failures import Hang, NonFinite
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
 from executor.plan import Plan, Selection
@@ -50,10 +55,12 @@ from executor.step import (
 
 __all__ = [
     "AtomicFile",
+    "Hang",
     "IdentityError",
     "InputPath",
     "InputRef",
     "License",
+    "NonFinite",
     "LicensePolicy",
     "OwnOutput",
     "Plan",

@@ -92,8 +92,11 @@ class LivePage:
                 self._running.add(i)
             else:
                 self._running.discard(i)
+            text = outcome.error or outcome.reason or ""
+            if outcome.failure and outcome.state == StepState.FAILED:  # the failure class (executor.failures)
+                text = f"({outcome.failure}) {text}"
             self.rows[i] = [outcome.state, max(outcome.attempts, self._tries[i]), outcome.started, outcome.ended,
-                            outcome.error or outcome.reason or ""]
+                            text]
             self._changed.add(i)
             self._dirty = True
         self._wake.set()

@@ -192,6 +192,7 @@ def print_summary(summary: RunSummary, plan: Plan, out: TextIO, page: str | None
             o = os_[0]
             detail = o.error or (o.reason if o.state != S.SUCCESS else "")
             if o.state == S.FAILED:
+                detail = (f"({o.failure}) " if o.failure else "") + detail
                 detail = f"{detail}\nrecord: {_record_url(plan, o.name)}"
             table.add_row(Text(state, style=style), o.name, f"{o.seconds:.1f}s" if o.seconds is not None else "",
                           detail)

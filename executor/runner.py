@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from executor.failures import classify_text, should_retry
 from executor.identity import SCHEME, normalized, plain
 from executor.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import Decision, Plan, recorded_input
@@ -51,6 +52,7 @@ class Outcome:
     attempts: int = 0
     started: float | None = None
     ended: float | None = None
+    failure: str | None = None  # the class of its last failure (executor.failures)
 
     @property
     def seconds(self) -> float | None:
@@ -108,6 +110,7 @@ class Runner:
         inflight: dict[Any, tuple[Decision, TaskSpec, int]] = {}
         next_try: dict[str, float] = {}
         tries: dict[str, int] = {}
+        spent: dict[str, dict[str, int]] = {}  # retries spent per step, per failure class
         with Heartbeat(self.leases) as heartbeat:
             while pending or inflight:
                 now = time.time()
@@ -154,14 +157,19 @@ class Runner:
                         self._set(summary, d.name, SUCCEEDED, output_digest=result.output_digest,
                                   started=result.started, ended=result.ended, attempts=result.attempt)
                         self._note_stale(d, result, summary)
-                    elif d.node.step.retry.on_exception and \
-                            tries[d.name] < d.node.step.retry.max_attempts:
-                        log.warning("step %s failed (%s); trying again", d.name, result.error)
-                        pending.insert(0, d)
-                        self._set(summary, d.name, PENDING, reason=f"retrying after: {result.error}")
                     else:
-                        self._set(summary, d.name, FAILED, error=result.error, started=result.started,
-                                  ended=result.ended, attempts=result.attempt)
+                        failure = result.failure or classify_text(result.error)
+                        delay = should_retry(d.node.step.retry, failure, spent.setdefault(d.name, {}))
+                        if delay is not None:
+                            log.warning("step %s failed (%s: %s); trying again in %.0fs", d.name, failure,
+                                        result.error, delay)
+                            pending.insert(0, d)
+                            next_try[d.name] = time.time() + delay
+                            self._set(summary, d.name, PENDING, failure=failure,
+                                      reason=f"retrying after {failure}: {result.error}")
+                        else:
+                            self._set(summary, d.name, FAILED, error=result.error, started=result.started,
+                                      ended=result.ended, attempts=result.attempt, failure=failure)
         summary.seconds = time.time() - t0
         return summary
 

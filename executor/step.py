@@ -93,13 +93,28 @@ class Resources:
 class RetryPolicy:
     """How often a step is tried again.
 
-    Node loss and worker crashes are always retried up to `max_node_failures` times. A user
-    exception is retried only when `on_exception` is set, up to `max_attempts` attempts in all.
+    Node loss and worker crashes are always retried up to `max_node_failures` times by Ray. A
+    failure that comes back to the executor is classified (executor.failures: lost node, hang,
+    non-finite, out of memory, code error) and retried within its class's budget, after its
+    backoff. A code error is retried only when `on_exception` is set, up to `max_attempts`
+    attempts in all.
     """
 
     max_attempts: int = 1
     on_exception: bool = False
     max_node_failures: int = 3
+    # per failure class (executor.failures): (class, Budget or a number of retries) overriding
+    # the defaults, e.g. (("hang", 5),); a code error is retried only through on_exception
+    budgets: tuple = ()
+
+    def __post_init__(self) -> None:
+        from executor.failures import CLASSES
+
+        if isinstance(self.budgets, dict):
+            object.__setattr__(self, "budgets", tuple(sorted(self.budgets.items())))
+        unknown = sorted({name for name, _ in self.budgets} - set(CLASSES))
+        if unknown:
+            raise VoyageError(f"RetryPolicy.budgets: unknown failure classes {unknown}; known: {list(CLASSES)}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -76,6 +76,7 @@ class Attempt(BaseModel):
     reason: str = ""
     error: str | None = None
     traceback: str | None = None
+    failure: str | None = None  # its failure class (executor.failures), when it failed
 
 
 class ManifestEntry(BaseModel):

@@ -37,6 +37,7 @@ from typing import Any
 from executor import attempts as layout
 from executor import environment
 from executor.context import Mapper, StepContext, local_map
+from executor.failures import classify
 from executor.lease import Leases
 from executor.refs import resolve
 from executor.state import StepState
@@ -85,6 +86,7 @@ class TaskResult:
     ended: float = 0.0
     lease_lost: bool = False
     blocked: bool = False  # an input had no output: nothing was written
+    failure: str | None = None  # the failure class (executor.failures) when not ok
 
 
 def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None) -> TaskResult:
@@ -157,7 +159,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             except Exception:  # noqa: BLE001 - the store cannot say: keep the step's own error
                 pass
         attempt.state, attempt.ended = (INTERRUPTED if interrupted else FAILED), time.time()
-        attempt.error, attempt.traceback = f"{type(e).__name__}: {e}", tb
+        attempt.error, attempt.traceback, attempt.failure = f"{type(e).__name__}: {e}", tb, classify(e)
         record.state, record.results = (RUNNING if interrupted else FAILED), ctx.results
         record.provenance = ctx.provenance
         with leases.fence(task.dirname, task.token) as ours:
@@ -171,7 +173,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         if not ours:
             return _lost(task, attempt, started)
         return TaskResult(task.name, False, error=attempt.error, traceback=tb, attempt=number,
-                          started=started, ended=attempt.ended)
+                          started=started, ended=attempt.ended, failure=attempt.failure)
 
     attempt.state, attempt.ended = SUCCESS, time.time()
     record.state, record.manifest, record.output_digest, record.results = SUCCESS, manifest, digest_out, ctx.results

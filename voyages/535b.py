@@ -44,6 +44,7 @@ from steps.scale.anchor import ANCHOR
 from steps.scale.plan import Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
+from steps.train.watchdog import WatchdogConfig
 from steps.train.eval import EvalConfig, evaluate
 from steps.train.pretrain import midtrain, pretrain
 
@@ -244,13 +245,18 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
     """The trainer's run mechanics and a worker's resources: at full scale, the plan's mesh."""
     common = dict(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
                   permanent_every=0 if config.laptop else 10_000)
-    if config.laptop:
-        return TrainerConfig(**common), scale.train_resources
-    choice = plan_of(config)[0].plan.choice
+    if config.laptop:  # the live page overlays main's own laptop curve (data/reference/)
+        return TrainerConfig(**common, reference_curve=str(REPO / "data/reference/laptop_loss.csv")), \
+            scale.train_resources
+    plan = plan_of(config)[0].plan
+    choice = plan.choice
     m = choice.mesh
     parallel = ParallelConfig(dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, ep=m.ep,
                               checkpointing=choice.checkpointing, offload=choice.offload)
-    trainer = TrainerConfig(workers=m.ranks, microbatch=choice.microbatch, parallel=parallel, **common)
+    # the hang bound from the plan's step time (10x it, at least 5 minutes: steps/train/watchdog.py);
+    # checkpoints of 8.5 TB upload in the background
+    trainer = TrainerConfig(workers=m.ranks, microbatch=choice.microbatch, parallel=parallel, async_checkpoint=True,
+                            watchdog=WatchdogConfig(expected_step_s=round(plan.time.total, 1)), **common)
     return trainer, dataclasses.replace(scale.train_resources, workers=m.ranks)
 
 

@@ -6,7 +6,15 @@ The format (docs/viz.md) is one JSON object per line, appended as training goes,
 
 Every numeric key is a series drawn against `step` (against the line number where a line has no
 `step`); `time`/`timestamp` are not drawn; booleans, strings, NaN and lines that do not parse
-are skipped. The file is read from where the last read stopped (one ranged read per poll, so a
+are skipped. A trainer's rows carry more, read here too:
+
+- `health` (steps/train/health.py): lists with one value per MoE layer. `load_max_mean` becomes
+  the expert-load heatmap (layer x step); each list also becomes `{name}_min/_mean/_max` series.
+- `events`: spike skips and rewinds (steps/train/spikes.py), marked on the loss curve.
+- `tokens` and `loss`: the loss by tokens, so that pretrain and midtrain join into one curve.
+
+A step may also leave `reference_curve.json` beside its metrics (`[[tokens, loss], ...]`, or
+`{"tokens": [...], "loss": [...]}`): a reference run's loss, overlaid on the page. The file is read from where the last read stopped (one ranged read per poll, so a
 three-month run costs no more per poll than a short one), and each series is thinned to at most
 `MAX_POINTS` points by doubling its stride, always keeping the newest point.
 """
@@ -50,6 +58,10 @@ class Series:
         return out
 
 
+REFERENCE_FILE = "reference_curve.json"
+HEALTH_LISTS = ("load_max_mean", "router_entropy", "bias_spread", "dropped")
+
+
 class Curves:
     """The series of one metrics file and how far it has been read."""
 
@@ -57,6 +69,10 @@ class Curves:
         self.offset = 0
         self.lines = 0
         self.series: dict[str, Series] = {}
+        self.heat = Series()  # (step, [load max/mean per layer])
+        self.by_tokens = Series()  # (tokens, loss)
+        self.events: list[dict[str, Any]] = []
+        self.reference: list[list[float]] | None = None
 
     def feed(self, data: bytes) -> int:
         """Parse the complete lines of `data`; returns the bytes consumed (up to the last newline)."""
@@ -74,10 +90,40 @@ class Curves:
             for key, value in row.items():
                 if key not in NOT_DRAWN and _number(value):
                     self.series.setdefault(str(key), Series()).add(x, float(value))
+            self._feed_training(x, row)
         return end
 
+    def _feed_training(self, x: float, row: dict[str, Any]) -> None:
+        health = row.get("health")
+        if isinstance(health, dict):
+            for name in HEALTH_LISTS:
+                values = health.get(name)
+                if not isinstance(values, list) or not values or not all(_number(v) for v in values):
+                    continue
+                for stat, v in (("min", min(values)), ("mean", sum(values) / len(values)), ("max", max(values))):
+                    self.series.setdefault(f"{name}_{stat}", Series()).add(x, float(v))
+                if name == "load_max_mean":
+                    self.heat.add(x, [round(float(v), 4) for v in values])
+        if _number(row.get("tokens")) and _number(row.get("loss")):
+            self.by_tokens.add(float(row["tokens"]), float(row["loss"]))
+        for event in row.get("events") or []:
+            if isinstance(event, dict) and _number(event.get("step")) and \
+                    all(e.get("step") != event["step"] for e in self.events[-50:]):
+                self.events.append({"step": event["step"], "kind": str(event.get("kind", "")),
+                                    **({"skipped": event["skipped"]} if "skipped" in event else {})})
+
     def to_json(self) -> dict[str, Any]:
-        return {"x": X_KEY, "series": {k: s.to_json() for k, s in sorted(self.series.items()) if s.points}}
+        out: dict[str, Any] = {"x": X_KEY, "series": {k: s.to_json() for k, s in sorted(self.series.items())
+                                                      if s.points}}
+        if self.heat.points:
+            out["heat"] = self.heat.to_json()
+        if self.by_tokens.points:
+            out["by_tokens"] = self.by_tokens.to_json()
+        if self.events:
+            out["events"] = self.events[-200:]
+        if self.reference:
+            out["reference"] = self.reference
+        return out
 
 
 class MetricsReader:
@@ -104,7 +150,8 @@ class MetricsReader:
         changed = False
         if fresh:
             paths = {self.store.path(self.folders.get(d, d), METRICS_FILE): d for d in fresh}
-            found = self.store.fs.cat(list(paths), on_error="return")
+            refs = {self.store.path(self.folders.get(d, d), REFERENCE_FILE): d for d in fresh}
+            found = self.store.fs.cat([*paths, *refs], on_error="return")
             if not isinstance(found, dict):  # one path: fsspec returns its bytes
                 found = {next(iter(paths)): found}
             for path, data in found.items():
@@ -112,6 +159,9 @@ class MetricsReader:
                     curves = self.curves[paths[path]] = Curves()
                     curves.offset = curves.feed(data)
                     changed |= curves.offset > 0
+            for path, data in found.items():
+                if isinstance(data, bytes) and path in refs and refs[path] in self.curves:
+                    self.curves[refs[path]].reference = parse_reference(data)
         for d in dirnames:
             if d not in fresh:
                 changed |= self.poll(d)
@@ -141,6 +191,21 @@ class MetricsReader:
         if curves is None or not curves.series:
             return None
         return curves.to_json()
+
+
+def parse_reference(data: bytes) -> list[list[float]] | None:
+    """A reference curve's points `[[tokens, loss], ...]` (at most MAX_POINTS), from
+    `[[t, l], ...]` or `{"tokens": [...], "loss": [...]}`; None if it does not parse."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = list(zip(value.get("tokens") or [], value.get("loss") or []))
+    points = [[float(p[0]), float(p[1])] for p in value if isinstance(p, (list, tuple)) and len(p) >= 2
+              and _number(p[0]) and _number(p[1])] if isinstance(value, list) else []
+    stride = max(1, len(points) // MAX_POINTS)
+    return points[::stride] or None
 
 
 def _number(value: Any) -> bool:

@@ -85,14 +85,27 @@
   const groupSub = [];
   let width = 0, height = 0;
 
-  function layout() {
+  function layoutAs(rankdir, sizes) {
     const g = new dagre.graphlib.Graph();
-    g.setGraph({ rankdir: "LR", nodesep: 16, ranksep: 80, edgesep: 10, marginx: 30, marginy: 30 });
+    g.setGraph({ rankdir: rankdir, nodesep: 16, ranksep: rankdir === "LR" ? 80 : 48, edgesep: 10, marginx: 30, marginy: 30 });
     g.setDefaultEdgeLabel(() => ({}));
-    const sizes = boxes.map(([label, members]) => (members.length > 1 ? group(label, members) : single(members[0])));
     sizes.forEach((sz, b) => g.setNode(String(b), { width: sz.w, height: sz.h }));
     for (const [a, b] of links) g.setEdge(String(a), String(b));
     dagre.layout(g);
+    return g;
+  }
+  // Left to right, unless top to bottom fills the panel at a larger scale (a long chain in a tall
+  // window): the graph fits its panel with labels that can be read. Plans of thousands of boxes
+  // are laid out once.
+  function layout() {
+    const sizes = boxes.map(([label, members]) => (members.length > 1 ? group(label, members) : single(members[0])));
+    const r = svg.getBoundingClientRect();
+    const scale = (g) => Math.min(r.width / (g.graph().width || 1), r.height / (g.graph().height || 1));
+    let g = layoutAs("LR", sizes);
+    if (boxes.length <= 3000 && r.width > 0 && r.height > 0) {
+      const tb = layoutAs("TB", sizes);
+      if (scale(tb) > scale(g) * 1.15) g = tb;
+    }
     return { g: g, sizes: sizes };
   }
 
@@ -394,7 +407,7 @@
 
   // -- training curves (inline SVG) -------------------------------------------------------------------
   const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
-  const PREFERRED = ["loss", "lr", "tokens_per_s", "expert_load"];
+  const PREFERRED = ["loss", "grad_norm", "lr", "load_max_mean", "router_entropy", "bias_spread", "dropped", "tokens_per_s", "expert_load"];
   function fmt(v) {
     const a = Math.abs(v);
     if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
@@ -414,30 +427,128 @@
     names.forEach((name) => wrap.appendChild(chart(name, byChart[name].sort(), m)));
     return wrap;
   }
-  function chart(name, keys, m) {
-    const W = 300, H = 150, L = 54, Rm = 10, Tm = 20, B = 22;
-    const el = svgEl("svg", { class: "chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+  function short(v) {  // 1.2M, 3.4B: token counts on an axis
+    const a = Math.abs(v);
+    for (const [d, u] of [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "k"]]) if (a >= d) return (+(v / d).toPrecision(3)) + u;
+    return fmt(v);
+  }
+  function axes(el, x0, x1, y0, y1, box, xfmt, xname) {
+    const [L, T, W, H] = box, n = 4;
+    el.appendChild(svgEl("rect", { x: L, y: T, width: W, height: H, class: "plot" }));
+    for (let i = 0; i <= n; i++) {
+      const y = T + (H * i) / n, v = y1 - ((y1 - y0) * i) / n;
+      el.appendChild(svgEl("line", { x1: L, x2: L + W, y1: y, y2: y, class: "grid" }));
+      el.appendChild(svgEl("text", { x: L - 4, y: y + 3, class: "tick", "text-anchor": "end" }, fmt(v)));
+      const x = L + (W * i) / n, u = x0 + ((x1 - x0) * i) / n;
+      el.appendChild(svgEl("text", { x: x, y: T + H + 13, class: "tick", "text-anchor": i === 0 ? "start" : i === n ? "end" : "middle" },
+        xfmt(u) + (i === n && xname ? " " + xname : "")));
+    }
+  }
+  function bounds(lists) {
     let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
-    keys.forEach((k) => m.series[k].forEach(([x, y]) => {
+    lists.forEach((pts) => pts.forEach(([x, y]) => {
       x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
     }));
+    if (!isFinite(x0)) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
     if (x1 === x0) x1 = x0 + 1;
     if (y1 === y0) { y1 = y0 + Math.abs(y0 || 1) * 0.05; y0 = y0 - Math.abs(y0 || 1) * 0.05; }
+    return [x0, x1, y0, y1];
+  }
+  function chartWidth() {
+    const pane = $("curves"), w = (pane && pane.clientWidth) || 1200;
+    return clamp(Math.floor((w - 40) / 3) - 8, 260, 520);
+  }
+  function chart(name, keys, m) {
+    const W = chartWidth(), H = 170, L = 58, Rm = 12, Tm = Math.max(22, 8 + 11 * keys.length), B = 20;
+    const el = svgEl("svg", { class: "chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    const [x0, x1, y0, y1] = bounds(keys.map((k) => m.series[k]));
     const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
-    el.appendChild(svgEl("rect", { x: L, y: Tm, width: W - L - Rm, height: H - Tm - B, class: "plot" }));
-    el.appendChild(svgEl("text", { x: 4, y: 13, class: "ctitle" }, name));
-    el.appendChild(svgEl("text", { x: L - 4, y: Tm + 8, class: "tick", "text-anchor": "end" }, fmt(y1)));
-    el.appendChild(svgEl("text", { x: L - 4, y: H - B, class: "tick", "text-anchor": "end" }, fmt(y0)));
-    el.appendChild(svgEl("text", { x: L, y: H - 6, class: "tick" }, fmt(x0)));
-    el.appendChild(svgEl("text", { x: W - Rm, y: H - 6, class: "tick", "text-anchor": "end" }, fmt(x1) + " " + (m.x || "")));
+    axes(el, x0, x1, y0, y1, [L, Tm, W - L - Rm, H - Tm - B], fmt, m.x || "");
+    el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, name));
     keys.forEach((k, n) => {
       const pts = m.series[k].map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ");
       el.appendChild(svgEl("polyline", { points: pts, class: "series", stroke: PALETTE[n % PALETTE.length] }));
       const last = m.series[k][m.series[k].length - 1];
       const label = (keys.length > 1 ? k.slice(name.length + 1) + " " : "") + (last ? fmt(last[1]) : "");
-      el.appendChild(svgEl("text", { x: W - Rm, y: 13 + 11 * n, class: "tick", "text-anchor": "end", fill: PALETTE[n % PALETTE.length] }, label));
+      el.appendChild(svgEl("text", { x: W - Rm - 2, y: 14 + 11 * n, class: "tick value", "text-anchor": "end", fill: PALETTE[n % PALETTE.length] }, label));
+    });
+    if (name === "loss" && m.events) marks(el, m.events.map((e) => [e.step, e.kind]), sx, Tm, H - B);
+    return el;
+  }
+  function marks(el, evs, sx, top, bottom) {  // spike skips and rewinds: a line each, titled
+    evs.forEach(([x, kind]) => {
+      const line = svgEl("line", { x1: sx(x), x2: sx(x), y1: top, y2: bottom, class: "event " + kind });
+      line.appendChild(svgEl("title", {}, kind + " at step " + x));
+      el.appendChild(line);
+    });
+  }
+  // The loss by tokens, every training step of the voyage on one axis (pretrain into midtrain),
+  // with the reference curve and the spike events.
+  function overview(keys) {
+    const pane = $("curves"), W = Math.max(600, ((pane && pane.clientWidth) || 1200) - 40), H = 280;
+    const L = 64, Rm = 16, Tm = 26, B = 22;
+    const parts = keys.map((k) => ({ i: +k, m: R.metrics[k], pts: R.metrics[k].by_tokens }))
+      .sort((a, b) => a.pts[0][0] - b.pts[0][0]);
+    const ref = (parts.find((p) => p.m.reference) || {}).m;
+    const lists = parts.map((p) => p.pts).concat(ref ? [ref.reference] : []);
+    const [x0, x1, y0, y1] = bounds(lists);
+    const el = svgEl("svg", { class: "chart overview", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
+    axes(el, x0, x1, y0, y1, [L, Tm, W - L - Rm, H - Tm - B], short, "tokens");
+    el.appendChild(svgEl("text", { x: 4, y: 16, class: "ctitle" }, "loss by tokens, every training step"));
+    const poly = (pts, cls, color) => el.appendChild(svgEl("polyline", {
+      points: pts.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" "), class: cls, stroke: color }));
+    if (ref) poly(ref.reference, "series reference", "#94a3b8");
+    let legendX = W - Rm;
+    const legend = [];
+    parts.forEach((p, n) => {
+      const color = PALETTE[n % PALETTE.length];
+      poly(p.pts, "series", color);
+      const last = p.pts[p.pts.length - 1];
+      legend.push([steps[p.i].name + " " + fmt(last[1]), color]);
+      const tokens = p.m.series.tokens || [];  // step -> tokens, for the events
+      const at = (step) => { let best = null; tokens.forEach(([s, t]) => { if (best === null || Math.abs(s - step) < Math.abs(best[0] - step)) best = [s, t]; }); return best ? best[1] : null; };
+      if (p.m.events) marks(el, p.m.events.map((e) => [at(e.step), e.kind + " (" + steps[p.i].name + " step " + e.step + ")"]).filter((e) => e[0] !== null), sx, Tm, H - B);
+    });
+    if (ref) legend.push(["reference", "#94a3b8"]);
+    legend.reverse().forEach(([text, color]) => {
+      const t = svgEl("text", { x: legendX, y: 16, class: "tick value", "text-anchor": "end", fill: color }, text);
+      el.appendChild(t);
+      legendX -= 8 + 6.2 * text.length;
     });
     return el;
+  }
+  // Expert load (busiest expert / mean expert) by layer and step: a canvas, one cell per layer
+  // and logged step; white is balanced, dark red is the most overloaded seen.
+  function heatmap(m) {
+    const cols = m.heat, layers = cols[0][1].length;
+    const W = Math.max(600, (($("curves").clientWidth) || 1200) - 40), H = clamp(16 + layers * 10, 90, 260);
+    const L = 64, Rm = 16, Tm = 22, B = 22, pw = W - L - Rm, ph = H - Tm - B;
+    let hi = 1;
+    cols.forEach(([, v]) => v.forEach((x) => { hi = Math.max(hi, x); }));
+    const wrap = h("div", "heat");
+    const title = h("div", "ctitle", "expert load max/mean by layer (rows, layer 0 at the top) and step · 1.0 (balanced, white) to " + fmt(hi) + " (dark red) · last: " + fmt(Math.max.apply(null, cols[cols.length - 1][1])));
+    wrap.appendChild(title);
+    const c = document.createElement("canvas");
+    c.width = W; c.height = H; c.className = "heatmap";
+    const ctx = c.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+    const x0 = cols[0][0], x1 = cols[cols.length - 1][0] === x0 ? x0 + 1 : cols[cols.length - 1][0];
+    const cw = Math.max(1, pw / cols.length), rh = ph / layers;
+    cols.forEach(([x, v], j) => v.forEach((val, l) => {
+      const f = hi > 1 ? clamp((val - 1) / (hi - 1), 0, 1) : 0;
+      ctx.fillStyle = "rgb(" + Math.round(255 - 120 * f) + "," + Math.round(255 - 235 * f) + "," + Math.round(255 - 225 * f) + ")";
+      ctx.fillRect(L + j * (pw / cols.length), Tm + l * rh, Math.ceil(cw), Math.ceil(rh));
+    }));
+    ctx.strokeStyle = "#cbd5e1"; ctx.strokeRect(L, Tm, pw, ph);
+    ctx.fillStyle = "#475569"; ctx.font = "10px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.fillText("layer 0", L - 4, Tm + 9);
+    ctx.fillText("layer " + (layers - 1), L - 4, Tm + ph);
+    ctx.textAlign = "left"; ctx.fillText(fmt(x0), L, H - 6);
+    ctx.textAlign = "right"; ctx.fillText(fmt(x1) + " step", L + pw, H - 6);
+    wrap.appendChild(c);
+    return wrap;
   }
   function drawCurves() {
     const pane = $("curves");
@@ -445,13 +556,18 @@
     pane.hidden = !have.length;
     if (!have.length) return;
     pane.textContent = "";
+    const training = have.filter((k) => R.metrics[k].by_tokens);
+    if (training.length) pane.appendChild(overview(training));
     have.forEach((k) => {
       const i = +k, rowEl = h("div", "curverow");
       const name = h("button", "link", steps[i].name);
       name.dataset.goto = i;
       name.addEventListener("click", () => select(i, true));
       rowEl.appendChild(name);
-      rowEl.appendChild(chartsOf(R.metrics[k]));
+      const body = h("div", "curvebody");
+      if (R.metrics[k].heat) body.appendChild(heatmap(R.metrics[k]));
+      body.appendChild(chartsOf(R.metrics[k]));
+      rowEl.appendChild(body);
       pane.appendChild(rowEl);
     });
   }
@@ -471,6 +587,7 @@
   setTimeout(() => {
     try {
       const t0 = performance.now();
+      $("curves").hidden = !(R && R.metrics && Object.keys(R.metrics).length);
       draw(layout());
       paint();
       fit();

@@ -66,6 +66,9 @@ class Training:
     phase_steps: tuple[int, int]  # the optimizer steps this training step runs, [start, end)
     first_checkpoint: int | None  # the first checkpoint the trainer's schedule writes that holds it
     checkpoints_now: list[int] = field(default_factory=list)  # checkpoints in the output that hold it
+    # of `steps`, those whose update the spike guard dropped ("skip") or whose data a rewind
+    # skipped ("rewind"): read, never trained on (steps/train/spikes.py)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -98,7 +101,8 @@ class Answer:
             "sequences": self.sequences, "untrained_sequences": self.untrained,
             "training": [{"step": t.step, "phase": t.phase, "state": t.state, "optimizer_steps": t.steps,
                           "phase_steps": list(t.phase_steps), "first_checkpoint": t.first_checkpoint,
-                          "checkpoints_now": t.checkpoints_now} for t in self.training],
+                          "checkpoints_now": t.checkpoints_now,
+                          "skipped": [{"step": n, "why": why} for n, why in t.skipped]} for t in self.training],
             "read": self.steps_read,
             "same_id_also_at": [{"shard": f.shard, "position": f.position} for f in self.also],
         }
@@ -130,6 +134,8 @@ class Answer:
                    if t.checkpoints_now else "; no checkpoint in its output holds it yet")
             lines.append(f"{head}: optimizer steps {_ranges(t.steps)}; first checkpoint that includes it: "
                          f"step-{t.first_checkpoint}{now}")
+            for n, why in t.skipped:
+                lines.append(f"{'':13}skipped at step {n} ({why}): its batch was read, not trained on")
         return "\n".join(lines)
 
 
@@ -338,11 +344,30 @@ def _training(plan: Plan, node: Any, mixture: dict[str, Any], sequences: list[in
     first = None
     if steps:
         first = first_saved(steps[0], end, cfg.trainer.checkpoint_every, cfg.trainer.permanent_every)
-    now = []
+    now, skipped = [], []
     if steps and decision.status is not None:
-        now = [n for n in checkpoints_in(plan.path(node)) if n > steps[0]]
+        have = checkpoints_in(plan.path(node))
+        now = [n for n in have if n > steps[0]]
+        skipped = skipped_steps(join(plan.path(node), "checkpoints", f"step-{have[-1]}"), steps) if have else []
     return Training(step=node.name, phase=phase, state=str(decision.state), steps=steps, phase_steps=(start, end),
-                    first_checkpoint=first, checkpoints_now=now)
+                    first_checkpoint=first, checkpoints_now=now, skipped=skipped)
+
+
+def skipped_steps(checkpoint_url: str, steps: list[int]) -> list[tuple[int, str]]:
+    """Of `steps`, those the spike guard skipped, by its events in a checkpoint's meta.json (the
+    newest: it carries every event of the run so far)."""
+    try:
+        events = read_json(join(checkpoint_url, "meta.json")).get("spike_events") or []
+    except FileNotFoundError:
+        return []
+    why: dict[int, str] = {}
+    for e in events:
+        if e.get("kind") == "rewind" and "skipped" in e:
+            for n in range(e["skipped"][0], e["skipped"][1] + 1):
+                why[n] = "rewind"
+        elif e.get("kind") == "skip":
+            why.setdefault(e["step"], "skip")
+    return [(n, why[n]) for n in steps if n in why]
 
 
 def first_saved(step: int, end: int, every: int, permanent: int) -> int:

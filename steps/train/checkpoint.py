@@ -18,7 +18,9 @@ identical rerun writes identical bytes (its output digest is the same, so nothin
 goes stale).
 
 A folder counts as a checkpoint only once its meta.json exists, so one cut off mid-save is never
-resumed from (it is deleted when found). Retention: the newest `keep_last`, every step that is a
+resumed from (it is deleted when found). The trainer saves through steps/train/saving.py, which
+writes meta.json only once the state was finite and the folder reads back (sync or async);
+`save` here is the plain collective save without those checks. Retention: the newest `keep_last`, every step that is a
 multiple of `permanent_every`, and the final step are kept; the rest are deleted after each save.
 """
 

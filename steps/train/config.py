@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import InputPath, VoyageError, run_only
+from steps.train.spikes import SpikeConfig
+from steps.train.watchdog import WatchdogConfig
 
 CHECKPOINTING = ("none", "selective", "full")
 OFFLOAD = ("none", "moments", "all")
@@ -94,6 +96,7 @@ class OptimizerConfig:
     decay_fraction: float | None = None
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)  # skip / rewind (steps/train/spikes.py)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -271,6 +274,13 @@ class TrainerConfig:
     tracker: TrackerConfig = run_only(default_factory=TrackerConfig)
     peak_flops: float = run_only(default=0.0)  # per worker, for MFU; 0: looked up from the device
     fail_after_steps: int = run_only(default=0)  # tests: raise after this many steps of this attempt
+    # a reference loss curve for the live page: a CSV/JSON of tokens and loss, or another training
+    # step's output (relative: under the prefix); steps/train/tracking.py
+    reference_curve: str = run_only(default="")
+    async_checkpoint: bool = run_only(default=False)  # upload in the background (steps/train/saving.py)
+    watchdog: WatchdogConfig = run_only(default_factory=WatchdogConfig)  # the hang bound (steps/train/watchdog.py)
+    hang_at_step: int = run_only(default=-1)  # tests: block forever in this optimizer step, on attempt 1 only
+    poison_steps: tuple[int, int] = run_only(default=(0, 0))  # tests: random tokens in steps [a, b)
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):

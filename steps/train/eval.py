@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from executor import InputPath, StepContext, VoyageError, run_only, step_type
+from executor import InputPath, NonFinite, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json, read_tokens_manifest
 from steps.train.config import ParallelConfig
 
@@ -202,6 +202,9 @@ def score(job: EvalJob) -> None:
 
             results["harness"] = run_tasks(model, job.tokenizer_url, job.meta, config.harness, device,
                                            config.batch_size)
+        bad = non_finite_numbers(results)
+        if bad:  # a poisoned checkpoint must not publish a number (Marin #9051)
+            raise NonFinite(f"eval of {job.url}: non-finite results at {', '.join(bad[:4])}; results.json not written")
         if not dist.is_initialized() or dist.get_rank() == 0:
             if config.harness is not None and config.harness.hf_model is not None:
                 from steps.export.harness_hf import run_hf_tasks  # transformers' own model: whole, on rank 0
@@ -213,6 +216,17 @@ def score(job: EvalJob) -> None:
     finally:
         if dist.is_initialized() and not had_group:
             dist.destroy_process_group()
+
+
+def non_finite_numbers(value: Any, path: str = "") -> list[str]:
+    """Paths (`datasets.kjv.loss`) of the NaN or infinite floats in a nested result."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path or "."]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite_numbers(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in non_finite_numbers(v, f"{path}[{i}]")]
+    return []
 
 
 def _model_config(meta: dict[str, Any]):  # -> steps.moe.model.MoEConfig

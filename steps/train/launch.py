@@ -17,6 +17,7 @@ each), and a worker's exception is raised here.
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import socket
 import tempfile
@@ -100,6 +101,7 @@ def ray_train(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:
         trainer.fit()
         return {}
     except Exception as e:  # Ray wraps the worker's error; raise the worker's own
+        _raise_if_hung(job, e)
         raise _unwrap(e) from None
     finally:
         shutil.rmtree(storage, ignore_errors=True)
@@ -190,8 +192,30 @@ def local_processes(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, An
     """Run `entry(job)` on `job.workers` spawned processes of this machine."""
     import torch
 
-    spawn(entry, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
+    try:
+        spawn(entry, (job,), job.workers, cuda=job.ctx.resources.gpus > 0 and torch.cuda.is_available())
+    except Exception as e:
+        _raise_if_hung(job, e)
+        raise
     return {}
+
+
+def _raise_if_hung(job: Job, error: BaseException) -> None:
+    """A worker the watchdog ended (steps/train/watchdog.py) may have died with it (exit 75, stuck
+    in C): its stacks are in the step's logs. The step then fails as a hang, whatever Ray says."""
+    import fsspec
+
+    from executor import Hang
+
+    pattern = job.ctx.path(f"logs/hang-attempt{job.ctx.attempt}-rank*.txt")
+    fs, path = fsspec.core.url_to_fs(pattern)
+    try:
+        found = sorted(fs.glob(path))
+    except Exception:  # noqa: BLE001 - the original error is the one to raise then
+        return
+    if found:
+        raise Hang(f"the watchdog ended {len(found)} worker(s) of {job.ctx.name} (stacks in "
+                   f"{', '.join(posixpath.basename(f) for f in found)}): {type(error).__name__}: {error}") from error
 
 
 def launch(job: Job, entry: Callable[[Any], Any] = run) -> dict[str, Any]:

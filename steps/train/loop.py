@@ -8,13 +8,18 @@ ever holds more than its shards, and the weights are the same on any mesh.
 Per optimizer step s (0-based; the checkpoint after it is `step-(s+1)`): read this rank's slice
 of global sequences s*B .. s*B+B-1 (its data-parallel rank in the mesh order), forward and
 backward each micro-batch (the component decides what each micro-batch's backward reduces),
-clip, AdamW step, scheduler step, then the expert-bias update (one all-reduce of the expert
-loads). Every `log_every` steps rank 0 writes a metrics row; every `checkpoint_every` steps (and
-at the end) all ranks save a checkpoint.
+clip, then the step's loss and gradient norm are checked (one device sync): a non-finite value
+ends the attempt (`NonFinite`, no update, no checkpoint); a spike skips the update or rewinds
+(steps/train/spikes.py); else AdamW step. Then the scheduler step and the expert-bias update (one
+all-reduce of the expert loads). Every `log_every` steps rank 0 writes a metrics row (with the
+MoE health of steps/train/health.py); every `checkpoint_every` steps (and at the end) all ranks
+save a checkpoint, which counts once it is finite, uploaded and verified (steps/train/saving.py).
+A watchdog (steps/train/watchdog.py) ends an attempt whose steps stop coming.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -27,12 +32,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor import StepContext
+from executor import NonFinite, StepContext
 from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
+from steps.train.health import Entropy
+from steps.train.health import row as health_row
+from steps.train.saving import Saver
+from steps.train.spikes import OK, REWIND, SpikeGuard
+from steps.train.watchdog import Watchdog
 from steps.train.parallel import arrange, clip_grad_norm, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
 
@@ -140,6 +150,11 @@ class Trainer:
                                self.tcfg.microbatch)
         self.flops = flops_per_token(job.model_config, self.context)
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
+        self.spikes = SpikeGuard(self.cfg.optimizer.spikes)
+        self.saver = Saver(self.ctx.output, async_save=self.tcfg.async_checkpoint, keep_last=self.tcfg.keep_last,
+                           permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device)
+        self.entropy = Entropy(self.layers)
+        self.rewinds: list[float] = []  # seconds from detection to training again, per rewind
 
     def resume(self) -> None:
         """From this step's own newest checkpoint, else from `init_from` (midtrain), else fresh."""
@@ -161,32 +176,87 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]
         checkpoint.restore_rng(state, self.rank)
+        self.spikes.load_state_dict(state.get("spikes") or {})
         if self.step < self.job.start:
             raise RuntimeError(f"checkpoint {source} is at step {self.step}, before this phase's first step "
                                f"{self.job.start}")
         if self.main:
             self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source, self.step)
 
-    def train_step(self, sums: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def train_step(self, sums: torch.Tensor, health: bool = False) -> tuple[float, torch.Tensor, str]:
         """One optimizer step; adds (ce, router loss, 1) per micro-batch to `sums`. Returns the
-        learning rate used and the gradient norm before clipping."""
+        learning rate used, the gradient norm before clipping, and what the spike guard decided
+        (OK: updated; SKIP: update dropped; REWIND: the caller rewinds). Raises NonFinite, before
+        any update, when the loss or the gradient norm is not finite."""
         micro = self.batches.step(self.step)
+        a, b = self.tcfg.poison_steps
+        if a <= self.step < b:  # tests: a poisoned stretch of data (random tokens, seeded by the step)
+            g = torch.Generator().manual_seed(self.step)
+            micro = [torch.randint(0, self.job.model_config.vocab_size, r.shape, generator=g).numpy() for r in micro]
+        if self.tcfg.hang_at_step == self.step and self.ctx.attempt == 1:  # tests: a hung collective
+            import threading
+
+            threading.Event().wait()
         # the mean over micro-batches, and over ranks when the component sums gradients (FSDP)
         divisor = len(micro) * self.parallel.loss_divisor
-        for i, rows in enumerate(micro):
-            seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
-            with self.parallel.sync(self.model, last=i == len(micro) - 1):
-                logits, router_loss = self.model(seq[:, :-1])
-                ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
-                ((ce + router_loss) / divisor).backward()
-            sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
+        step_ce = torch.zeros((), device=self.device)
+        with self.entropy if health else contextlib.nullcontext():
+            for i, rows in enumerate(micro):
+                seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
+                with self.parallel.sync(self.model, last=i == len(micro) - 1):
+                    logits, router_loss = self.model(seq[:, :-1])
+                    ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
+                    ((ce + router_loss) / divisor).backward()
+                sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
+                step_ce += ce.detach()
         lr = self.scheduler.get_last_lr()[0]
         clip = self.cfg.optimizer.grad_clip or math.inf
         grad_norm = clip_grad_norm(self.model.parameters(), clip, self.parallel.norm_group)
-        self.optimizer.step()
-        self.scheduler.step()
+        step_loss = step_ce / len(micro)
+        if dist.is_initialized():  # every rank decides the same: the mean over data-parallel ranks
+            dist.all_reduce(step_loss)
+            step_loss = step_loss / self.world
+        loss, norm = torch.stack([step_loss.float(), torch.as_tensor(grad_norm).float().to(self.device)]).tolist()
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            raise NonFinite(f"step {self.step}: loss {loss}, gradient norm {norm}: no update made, no checkpoint "
+                            f"written from it")
+        verdict = self.spikes.observe(self.step, loss, norm)
+        if verdict == OK:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return lr, grad_norm
+        if verdict != REWIND:
+            self.scheduler.step()
+        return lr, grad_norm, verdict
+
+    def rewind(self) -> None:
+        """A sustained spike at this step: back to the newest checkpoint at or before its first
+        outlier, then on from the step after the spike (its data window is never trained on)."""
+        t0 = time.perf_counter()
+        spike, first = self.step, self.spikes.spike_start
+        self.saver.finish()
+        good = [f for f in checkpoint.list_checkpoints(self.ctx.output) if f.step <= first]
+        source = good[-1].url if good else (self.job.init_from if not self.job.init_weights_only else None)
+        if source is None:  # nothing to go back to yet: the outliers stay skipped updates
+            self.spikes.events[-1]["kind"] = "skip"
+            self.spikes.events[-1]["note"] = "no checkpoint before the spike to rewind to"
+            self.spikes.run = []
+            self.scheduler.step()
+            return
+        state = checkpoint.load(source, self.model, self.optimizer)
+        to_step = state["step"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        checkpoint.restore_rng(state, self.rank)
+        self.spikes.rewound(to_step, spike, state.get("spikes"))
+        self.tokens = state["tokens"]
+        # on from the step after the spike, at that step's learning rate
+        self.scheduler.last_epoch = spike
+        self.scheduler.step()
+        for m in self.layers:  # the loads counted since the checkpoint are of skipped data
+            m.expert_load_E.zero_()
+        self.rewinds.append(time.perf_counter() - t0)
+        if self.main:
+            self.ctx.logger.warning("%s: sustained spike at step %d (from step %d): rewound to step-%d, data of "
+                                    "steps %d..%d skipped", self.ctx.name, spike, first, to_step, to_step, spike)
 
     def metrics_row(self, sums: torch.Tensor, load_LE: torch.Tensor, lr: float, grad_norm: torch.Tensor,
                     rate: float) -> dict[str, Any]:
@@ -196,29 +266,31 @@ class Trainer:
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
         norm = grad_norm
+        events = [e for e in self.spikes.events if e["step"] >= self.step - self.tcfg.log_every]
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
                 "bias_norm": torch.stack([m.expert_bias_E for m in self.layers]).norm().item(),
-                "tokens": self.tokens, "time": time.time()}
+                "tokens": self.tokens, "time": time.time(), "phase": self.job.phase,
+                "health": health_row(load_LE, self.layers, self.entropy.mean()),
+                **({"events": events} if events else {})}
 
     def save(self, row: dict[str, Any], started: float) -> None:
         job, cfg = self.job, self.cfg
         train = {"step": self.step, "tokens": self.tokens, "scheduler": self.scheduler.state_dict(),
-                 "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size}}
+                 "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size},
+                 "spikes": self.spikes.state_dict()}
         meta = {"step": self.step, "tokens": self.tokens, "phase": job.phase,
                 "model": dataclasses.asdict(job.model_config),
                 "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
                 "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
-                "mesh": dataclasses.asdict(self.pc)}
+                "mesh": dataclasses.asdict(self.pc), "spike_events": self.spikes.events}
         # what varies from run to run (timings, the nodes) is a log, out of the output digest
         run = {"metrics": row, "startup_s": started - job.created, "time": time.time(),
                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
                         "places": [self.places[r].as_dict() for r in self.order]}}
-        checkpoint.save(checkpoint.folder(self.ctx.output, self.step), self.model, self.optimizer, train, meta, run)
-        if self.main:
-            checkpoint.prune(self.ctx.output, self.tcfg.keep_last, self.tcfg.permanent_every, job.end)
+        self.saver.save(self.step, self.model, self.optimizer, train, meta, run)
 
     def train(self) -> dict[str, Any]:
         """Steps until the phase's end; returns the last metrics row plus timings."""
@@ -235,14 +307,31 @@ class Trainer:
         row: dict[str, Any] = {}
         tick, tick_tokens, done_here = time.perf_counter(), self.tokens, 0
         self.model.train()
+        hang_log = ctx.path(f"logs/hang-attempt{ctx.attempt}-rank{self.rank}.txt")
         try:
             progress_of = ctx.progress if self.main else _SilentProgress
-            with progress_of(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress:
+            with progress_of(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress, \
+                    Watchdog(tcfg.watchdog, hang_log, f", rank {self.rank}") as watchdog:
                 while self.step < job.end:
-                    lr, grad_norm = self.train_step(sums)
                     log_now = (self.step + 1) % tcfg.log_every == 0 or self.step + 1 == job.end
+                    lr, grad_norm, verdict = self.train_step(sums, health=log_now)
+                    watchdog.beat()
+                    if verdict == REWIND:
+                        with watchdog.paused():
+                            self.rewind()
+                        sums.zero_()
+                        self.step += 1
+                        progress.update(1)
+                        if self.step == job.end:
+                            with watchdog.paused():
+                                self.save(row, started)
+                        continue
                     load_LE = torch.stack([m.expert_load_E for m in self.layers]).clone() if log_now else None
-                    update_expert_bias(self.layers, job.model_config.bias_update_rate)
+                    if verdict == OK:
+                        update_expert_bias(self.layers, job.model_config.bias_update_rate)
+                    else:  # a skipped update moves no bias either
+                        for m in self.layers:
+                            m.expert_load_E.zero_()
                     self.step, done_here = self.step + 1, done_here + 1
                     self.tokens += self.cfg.data.batch_size * self.context
                     progress.update(1)
@@ -259,17 +348,21 @@ class Trainer:
                                             progress.line(), row["loss"], lr, row["grad_norm"], rate, 100 * row["mfu"])
                     permanent = tcfg.permanent_every and self.step % tcfg.permanent_every == 0
                     if self.step % tcfg.checkpoint_every == 0 or self.step == job.end or permanent:
-                        self.save(row, started)
+                        with watchdog.paused():
+                            self.save(row, started)
                         if self.main:
                             metrics.flush(force=True)
+                    self.saver.poll()
                     if tcfg.fail_after_steps and done_here == tcfg.fail_after_steps and self.step < job.end:
                         raise Killed(f"trainer.fail_after_steps: stopped on purpose after {done_here} steps "
                                      f"(at step {self.step})")
+            self.saver.finish()  # the last upload counts before the attempt ends
         finally:
             if self.main:
                 metrics.flush(force=True)
             tracker.finish()
-        return {**row, "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here}
+        return {**row, "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here,
+                "checkpoint_stall_s": self.saver.stalls, "rewind_s": self.rewinds}
 
     def close(self) -> None:
         if self.own_group:

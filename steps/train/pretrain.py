@@ -18,10 +18,11 @@ from executor import StepContext, VoyageError, step_type
 from steps.data.provenance import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
+from steps.train.tracking import write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
-LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json")
+LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")  # logs/: the watchdog's stacks
 
 
 @step_type(version="1", resumable=True, logs=LOGS)
@@ -93,11 +94,16 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     from steps.train.launch import launch
 
     job = prepare(config, ctx, phase)
+    write_reference(config.trainer.reference_curve, ctx.output)  # for the live page; a bad URL fails here
     total, active = count_params(job.model_config)
     ctx.results.update(phase=phase, workers=job.workers, start_step=job.start, end_step=job.end,
                        total_steps=job.phases.total, params=total, active_params=active)
     started = time.time()
-    launch(job)
+    timings = launch(job) or {}  # in-process: the loop's own timings (Ray Train workers keep theirs)
+    if timings.get("checkpoint_stall_s"):
+        ctx.results["checkpoint_stall_s"] = [round(x, 4) for x in timings["checkpoint_stall_s"]]
+    if timings.get("rewind_s"):
+        ctx.results["rewind_s"] = [round(x, 4) for x in timings["rewind_s"]]
     final = checkpoint.list_checkpoints(ctx.output)[-1]
     meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)
     row = run.get("metrics") or {}
@@ -106,6 +112,14 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     batch = config.data.batch_size
     ctx.provenance["tokens"] = dict(consumption(job.manifest, job.start * batch, final.step * batch),
                                     steps=[job.start, final.step])
+    # The spike guard's skips and rewinds of this phase (steps/train/spikes.py): in the record, and
+    # the optimizer steps whose data was read but never trained on for --which-saw.
+    events = [e for e in meta.get("spike_events") or [] if job.start <= e["step"] < job.end]
+    if events:
+        ctx.results["spike_events"] = events
+        ctx.provenance["tokens"]["skipped_steps"] = [
+            [e["skipped"][0], e["skipped"][1], "rewind"] if e["kind"] == "rewind" and "skipped" in e
+            else [e["step"], e["step"], "skip"] for e in events]
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)

@@ -141,3 +141,62 @@ def peak_flops(device: str, threads: int) -> float:
                 return flops
         return 989.4e12
     return CPU_FLOPS_PER_CORE * max(threads, 1)
+
+
+# -- the reference curve -------------------------------------------------------------------------
+
+REFERENCE_FILE = "reference_curve.json"  # read by the live page (executor/viz/metrics.py)
+
+
+def read_reference(url: str) -> list[list[float]]:
+    """`[[tokens, loss], ...]` from a CSV with `tokens` and `loss` columns, a JSON file
+    (`[[tokens, loss], ...]` or `{"tokens": [...], "loss": [...]}`), or a training step's output
+    folder (its metrics.jsonl). Raises VoyageError naming the URL when none of these is there."""
+    import csv
+    import io
+
+    from executor import VoyageError
+
+    base = url.rstrip("/")
+    candidates = [base] if base.endswith((".csv", ".json", ".jsonl")) else [f"{base}/{METRICS_FILE}"]
+    for candidate in candidates:
+        try:
+            with fsspec.open(candidate, "r") as f:
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        points: list[list[float]] = []
+        if candidate.endswith(".csv"):  # lines starting with '#' are comments (where the curve came from)
+            body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+            for row in csv.DictReader(io.StringIO(body)):
+                if row.get("tokens") not in (None, "") and row.get("loss") not in (None, ""):
+                    points.append([float(row["tokens"]), float(row["loss"])])
+        elif candidate.endswith(".jsonl"):
+            for line in text.splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and "tokens" in row and "loss" in row:
+                    points.append([float(row["tokens"]), float(row["loss"])])
+        else:
+            value = json.loads(text)
+            if isinstance(value, dict):
+                value = list(zip(value.get("tokens") or [], value.get("loss") or []))
+            points = [[float(t), float(v)] for t, v in value]
+        if points:
+            return points
+        raise VoyageError(f"trainer.reference_curve: {candidate} holds no (tokens, loss) points")
+    raise VoyageError(f"trainer.reference_curve: nothing at {url} (a CSV or JSON of tokens and loss, or a "
+                      f"training step's output)")
+
+
+def write_reference(url: str, output: str) -> None:
+    """Copy a reference curve next to this step's metrics, where the live page finds it. A
+    relative `url` is taken from the prefix (the folder above this step's output)."""
+    if not url:
+        return
+    if "://" not in url and not url.startswith("/"):
+        url = f"{output.rstrip('/').rsplit('/', 1)[0]}/{url}"
+    points = read_reference(url)
+    write_bytes(f"{output.rstrip('/')}/{REFERENCE_FILE}", json.dumps(points, separators=(",", ":")).encode())

@@ -1,0 +1,236 @@
+"""Saving checkpoints that count: finite, verified, and (optionally) uploaded in the background.
+
+A checkpoint folder counts once its meta.json exists (steps/train/checkpoint.py). `Saver` writes
+that marker only when everything before it holds:
+
+1. **finite**: every floating tensor of the model and optimizer state is finite (one flag per
+   tensor, one device sync, an all-reduce across ranks); else `NonFinite`, nothing is written;
+2. **uploaded**: DCP's save returned (sync) or its future completed (async);
+3. **verified readable**: DCP's `.metadata` reads back and names every tensor of the state, every
+   data file is as long as the items it must hold, and a sample of tensors (a different sample at each step, so that over a run every tensor is read
+   back) loads from the store with the same bytes (sha256) as the state had when it was saved.
+
+Async (`trainer.async_checkpoint`): DCP's `async_save` stages the state into host memory (pinned
+on CUDA) before it returns, so training waits for that copy only; the upload runs in DCP's
+thread. The marker is then written by the training thread, never by the upload thread: at the
+next step after the upload completes (one process), at the next checkpoint, or at the end
+(several ranks: there the ranks must agree, so they finish it at a point all of them reach). An
+attempt that dies during an upload leaves a folder without meta.json: the previous checkpoint is
+still the one in force, and the next attempt deletes the unfinished folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import json
+import logging
+import pickle
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from executor import NonFinite, write_atomic
+from steps.train import checkpoint
+from steps.train.checkpoint import META, RUN, Writer
+
+log = logging.getLogger("marin.train")
+SAMPLED = 4  # tensors read back per checkpoint
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Flattened `a.b.c` -> tensor of a nested state dict (DCP's own key order)."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_tensors(v, key + "."))
+        elif isinstance(v, torch.Tensor):
+            out[key] = v
+    return out
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
+    names = [k for k, t in tensors.items() if t.is_floating_point() and _local(t).numel()]
+    if not names:  # the same keys on every rank: all of them return here, or none
+        return []
+    flags = torch.stack([~torch.isfinite(_local(tensors[k])).all() for k in names]).to(torch.int32)
+    if dist.is_initialized():
+        flags = flags.cpu() if dist.get_backend() == "gloo" else flags
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [k for k, bad in zip(names, flags.tolist()) if bad]
+
+
+def checksum(t: torch.Tensor) -> str:
+    """sha256 of a tensor's (local shard's) bytes."""
+    local = _local(t).detach().contiguous().cpu()
+    return hashlib.sha256(local.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def sample_keys(keys: list[str], step: int, n: int = SAMPLED) -> list[str]:
+    """`n` keys, a different window at each step (the same on every rank)."""
+    if len(keys) <= n:
+        return list(keys)
+    start = (step * n) % len(keys)
+    return [keys[(start + i) % len(keys)] for i in range(n)]
+
+
+def _nested(flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, t in flat.items():
+        head, _, rest = key.partition(".")
+        out.setdefault(head, {})[rest] = t
+    return out
+
+
+def verify(url: str, expected: dict[str, torch.Tensor], sums: dict[str, str]) -> None:
+    """Raise if the checkpoint at `url` is not readable: its `.metadata` must name every tensor
+    of `expected` with its shape, and the tensors of `sums` must load with those checksums."""
+    meta = FsspecReader(url).read_metadata()
+    have = meta.state_dict_metadata
+    missing = [k for k in expected if k not in have]
+    if missing:
+        raise IOError(f"checkpoint {url} is unreadable: its .metadata lacks {missing[:3]}")
+    wrong = [k for k, t in expected.items() if hasattr(have[k], "size") and tuple(have[k].size) != tuple(t.shape)]
+    if wrong:
+        raise IOError(f"checkpoint {url}: tensors of another shape in .metadata: {wrong[:3]}")
+    # Every data file as long as the items .metadata places in it: an upload cut short is caught
+    # whichever tensors it cut (one listing of the folder).
+    need: dict[str, int] = {}
+    for item in meta.storage_data.values():
+        need[item.relative_path] = max(need.get(item.relative_path, 0), item.offset + item.length)
+    fs, path = fsspec.core.url_to_fs(url)
+    sizes = {posixpath.basename(e["name"]): e["size"] for e in fs.ls(path, detail=True)}
+    short = [f for f, n in sorted(need.items()) if sizes.get(f, -1) < n]
+    if short:
+        raise IOError(f"checkpoint {url}: data files missing or cut short: {short[:3]}")
+    # Tensors as DCP keys them ("model.x"): a nested {model: {x: t}} dict loads them.
+    fresh = {k: torch.empty_like(expected[k]) for k in sums}
+    dcp.load(_nested(fresh), storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
+    bad = [k for k in sums if checksum(fresh[k]) != sums[k]]
+    flag = torch.tensor([len(bad)], device="cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu")
+    if dist.is_initialized():  # every rank raises, or none
+        dist.all_reduce(flag)
+    if bad or flag.item():
+        raise IOError(f"checkpoint {url}: tensors read back differ from what was saved: {bad[:3] or 'on another rank'}")
+
+
+@dataclass
+class _Pending:
+    step: int
+    url: str
+    meta: dict[str, Any]
+    run: dict[str, Any] | None
+    expected: dict[str, torch.Tensor]  # shapes only matter (meta tensors)
+    sums: dict[str, str]
+    future: Any = None
+    started: float = field(default_factory=time.perf_counter)
+    stall_s: float = 0.0
+
+
+class Saver:
+    """Saves, verifies and marks the checkpoints of one training attempt; then applies retention."""
+
+    def __init__(self, output: str, *, async_save: bool, keep_last: int, permanent_every: int, final_step: int,
+                 device: torch.device) -> None:
+        self.output, self.async_save = output, async_save
+        self.keep_last, self.permanent_every, self.final_step = keep_last, permanent_every, final_step
+        self.device = device
+        self.pending: _Pending | None = None
+        self.stalls: list[float] = []  # seconds training waited per save
+        self.main = not dist.is_initialized() or dist.get_rank() == 0
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
+             meta: dict[str, Any], run: dict[str, Any] | None) -> None:
+        """Start (async) or make (sync) the checkpoint of `step`; a collective."""
+        t0 = time.perf_counter()
+        self.finish()  # one upload at a time: the previous one counts before the next starts
+        url = checkpoint.folder(self.output, step)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        flat = _tensors(state)
+        bad = non_finite(flat)
+        if bad:
+            raise NonFinite(f"step {step}: the state to checkpoint holds non-finite values in {len(bad)} tensors "
+                            f"({', '.join(bad[:3])}); no checkpoint written")
+        if self.main:
+            checkpoint._rm(url)  # what an earlier, killed save of this step may have left
+        checkpoint._barrier()
+        rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
+        if dist.is_initialized():
+            dist.all_gather_object(rngs, checkpoint._rng_state())
+        else:
+            rngs = [checkpoint._rng_state()]
+        keys = sample_keys(sorted(flat), step)
+        sums = {k: checksum(flat[k]) for k in keys}
+        expected = {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in flat.items()}
+        expected.update({k: torch.empty_like(flat[k]) for k in keys})  # these are loaded into
+        blob = pickle.dumps({**train, "rng": rngs})
+        full = {**state, "train": {"state": blob}}
+        pending = _Pending(step, url, meta, run, expected, sums)
+        writer = Writer(url, sync_files=False)
+        if self.async_save and not dist.is_initialized():  # the upload thread warns after the context is gone
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with checkpoint._single_process_ok():
+            if self.async_save:
+                pending.future = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
+                                                no_dist=not dist.is_initialized())
+            else:
+                dcp.save(full, storage_writer=writer, no_dist=not dist.is_initialized())
+        pending.stall_s = time.perf_counter() - t0
+        self.pending = pending
+        if not self.async_save:  # verified and marked before training goes on
+            self.finish()
+        self.stalls.append(time.perf_counter() - t0)
+
+    def poll(self) -> None:
+        """Finish an async save whose upload is done (one process: every step; several ranks
+        finish at the next save or at the end, where they all are)."""
+        p = self.pending
+        if p is not None and p.future is not None and not dist.is_initialized() and p.future.done():
+            t0 = time.perf_counter()
+            self.finish()
+            if self.stalls:  # verifying and marking is the training thread's time too
+                self.stalls[-1] += time.perf_counter() - t0
+
+    def finish(self) -> int | None:
+        """Wait for the pending upload, verify it and write its marker; returns its step."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        if p.future is not None:
+            p.future.result()  # raises what the upload raised: the checkpoint never counts
+        checkpoint._barrier()
+        with checkpoint._single_process_ok():
+            verify(p.url, p.expected, p.sums)
+        if self.main:
+            run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
+                                              "upload_s": time.perf_counter() - p.started})
+            write_atomic(f"{p.url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
+            write_atomic(f"{p.url}/{META}", json.dumps(p.meta, indent=1, sort_keys=True).encode(), fsync=True)
+            checkpoint.prune(self.output, self.keep_last, self.permanent_every, self.final_step)
+        checkpoint._barrier()
+        return p.step
+
+
+def _stager(device: torch.device) -> Any:
+    """Staging into host memory before async_save returns: pinned (and a non-blocking copy) on
+    CUDA; a plain copy on the CPU, which is what lets training change the weights meanwhile."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = device.type == "cuda"
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=cuda))

@@ -1,0 +1,83 @@
+"""Async checkpoints (steps/train/saving.py): the same bits as synchronous saves, and a SIGKILL
+while an upload is in flight (a store with injected latency) leaves the previous checkpoint in
+force; the run resumes from it bitwise equal to an uninterrupted one."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainkit import make_mixture, run_step  # noqa: E402
+
+from steps.train import checkpoint  # noqa: E402
+from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
+from steps.train.pretrain import pretrain  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "../../.."))
+
+
+@pytest.fixture(scope="module")
+def mix(tokens, tmp_path_factory):
+    return make_mixture(tokens, tmp_path_factory.mktemp("mix") / "mix", sequences=448)  # pretrain 0..21
+
+
+def _config(mix, **trainer):
+    base = dict(log_every=5, checkpoint_every=5, keep_last=2, tracker=TrackerConfig(kind="none"))
+    return TrainConfig(data=DataConfig(mixture=mix, batch_size=16), model=ModelSpec("tiny"),
+                       optimizer=OptimizerConfig(lr=1e-2, warmup_steps=5),
+                       trainer=TrainerConfig(**{**base, **trainer}))
+
+
+def _weights(output):
+    from steps.moe.model import PRESETS, MoETransformer
+
+    found = checkpoint.list_checkpoints(output)[-1]
+    model = MoETransformer(dataclasses.replace(PRESETS["tiny"], vocab_size=512))
+    checkpoint.load(found.url, model, None)
+    return found.step, model.state_dict()
+
+
+KILLED_RUN = """
+import sys, pickle
+sys.path.insert(0, {here!r})
+import slowfs; slowfs.register()
+from trainkit import run_step
+from steps.train.pretrain import pretrain
+run_step(pretrain, pickle.loads(bytes.fromhex({cfg!r})), {out!r}, name="pre")
+"""
+
+
+def test_a_kill_during_an_async_upload_leaves_the_previous_checkpoint_in_force(mix, tmp_path):
+    import pickle
+
+    sync = run_step(pretrain, _config(mix), tmp_path / "sync", name="pre")
+    cfg = _config(mix, async_checkpoint=True)
+    # uploads that take 3 s a file (injected store latency), training ~0.1 s a step: step-5's
+    # upload is finished (and marked) when step-10 starts; kill while step-10 uploads
+    out = tmp_path / "async"
+    code = KILLED_RUN.format(here=HERE, cfg=pickle.dumps(cfg).hex(), out=f"slow://{out}")
+    env = {**os.environ, "SLOW_WRITE_S": "3", "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not (out / "checkpoints/step-10").exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [5]  # in force: the previous one
+    assert not (out / "checkpoints/step-10/meta.json").exists()
+    # resumed (no latency now) with async saves: the same bits as the uninterrupted sync run
+    resumed = run_step(pretrain, cfg, out, name="pre")
+    assert resumed.results["checkpoint_stall_s"]
+    (s1, w1), (s2, w2) = _weights(sync.output), _weights(resumed.output)
+    assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [20, 21]

@@ -1,0 +1,168 @@
+"""Verified success and spike handling on the tiny preset, in-process: a non-finite loss or
+gradient norm ends the attempt before any update and no checkpoint holds a non-finite value; a
+checkpoint counts only once it reads back (metadata, sampled checksums); eval refuses non-finite
+results; a poisoned stretch of data is skipped and rewound over, deterministically, and the run
+ends close to a clean one."""
+
+import dataclasses
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainkit import make_mixture, run_step  # noqa: E402
+
+from executor import NonFinite  # noqa: E402
+from executor.failures import NON_FINITE, classify  # noqa: E402
+from steps.train import checkpoint, saving  # noqa: E402
+from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
+from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.train.loop import Killed, build_model, build_optimizer  # noqa: E402
+from steps.train.pretrain import pretrain  # noqa: E402
+from steps.train.spikes import SpikeConfig, trained_ranges  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mix(tokens, tmp_path_factory):
+    # 448 sequences of 33 tokens at batch 16: 28 steps, pretrain 0..21
+    return make_mixture(tokens, tmp_path_factory.mktemp("mix") / "mix", sequences=448)
+
+
+SPIKES = SpikeConfig(z=4.0, window=12, min_samples=8, sustained=3)
+
+
+@pytest.fixture(scope="module")
+def clean(mix, tmp_path_factory):
+    """A clean pretrain run with the spike guard on (shared: eval poisons a copy of it)."""
+    return run_step(pretrain, _config(mix), tmp_path_factory.mktemp("clean") / "pre", name="pre")
+
+
+def _config(mix, lr=1e-2, grad_clip=1.0, spikes=SPIKES, **trainer):
+    base = dict(log_every=1, checkpoint_every=5, keep_last=3, tracker=TrackerConfig(kind="none"))
+    return TrainConfig(data=DataConfig(mixture=mix, batch_size=16), model=ModelSpec("tiny"),
+                       optimizer=OptimizerConfig(lr=lr, warmup_steps=5, grad_clip=grad_clip, spikes=spikes),
+                       trainer=TrainerConfig(**{**base, **trainer}))
+
+
+def _state(output, step=None):
+    from steps.moe.model import PRESETS, MoETransformer
+
+    found = [f for f in checkpoint.list_checkpoints(output) if step is None or f.step == step][-1]
+    model = MoETransformer(dataclasses.replace(PRESETS["tiny"], vocab_size=512))
+    checkpoint.load(found.url, model, None)
+    return found.step, model.state_dict()
+
+
+def test_a_diverging_run_never_succeeds_and_never_checkpoints_non_finite_values(mix, tmp_path):
+    cfg = _config(mix, lr=100.0, grad_clip=0.0, checkpoint_every=3)  # diverges within a few steps
+    with pytest.raises(NonFinite, match=r"step \d+: loss .*gradient norm .*no update") as e:
+        run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    assert classify(e.value) == NON_FINITE
+    found = checkpoint.list_checkpoints(str(tmp_path / "pre"))
+    for f in found:  # whatever counts is finite, everywhere
+        _, weights = _state(str(tmp_path / "pre"), f.step)
+        assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+    rows = [json.loads(line) for line in open(tmp_path / "pre/metrics.jsonl")]
+    assert all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_a_checkpoint_with_non_finite_state_is_refused_and_never_marked(tmp_path):
+    from steps.moe.model import PRESETS
+
+    model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
+    opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    saver = saving.Saver(str(tmp_path), async_save=False, keep_last=2, permanent_every=0, final_step=10,
+                         device=torch.device("cpu"))
+    saver.save(3, model, opt, {"step": 3}, {"step": 3}, None)
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path))] == [3]
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[7] = float("nan")
+    with pytest.raises(NonFinite, match="non-finite values in 1 tensors"):
+        saver.save(4, model, opt, {"step": 4}, {"step": 4}, None)
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path), complete=False)] == [3]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "metadata"])
+def test_a_checkpoint_that_does_not_read_back_does_not_count(tmp_path, damage):
+    from steps.moe.model import PRESETS
+
+    model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
+    opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    url = str(tmp_path / "ck")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    sd = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    flat = saving._tensors(sd)
+    keys = sorted(flat)[:2] + ["model.embed.weight"]
+    sums = {k: saving.checksum(flat[k]) for k in keys}
+    expected = {k: torch.empty_like(t) for k, t in flat.items()}
+    with checkpoint._single_process_ok():
+        dcp.save(sd, storage_writer=checkpoint.Writer(url, sync_files=False), no_dist=True)
+        saving.verify(url, expected, sums)  # intact: reads back
+        data = tmp_path / "ck" / "__0_0.distcp"
+        blob = bytearray(data.read_bytes())
+        if damage == "truncate":
+            data.write_bytes(bytes(blob[: len(blob) // 2]))
+        elif damage == "flip":
+            meta = checkpoint.FsspecReader(url).read_metadata()
+            item = meta.storage_data[next(i for i in meta.storage_data if i.fqn == "model.embed.weight")]
+            blob[item.offset + item.length // 2] ^= 0xFF
+            data.write_bytes(bytes(blob))
+        else:
+            (tmp_path / "ck" / ".metadata").write_bytes(b"not a pickle")
+        with pytest.raises(Exception):
+            saving.verify(url, expected, sums)
+
+
+def test_eval_refuses_a_checkpoint_that_gives_non_finite_results(clean, tmp_path):
+    import shutil
+
+    shutil.copytree(clean.output, tmp_path / "pre")
+    # A poisoned checkpoint (written behind the trainer's back with the plain save): NaN weights.
+    from steps.moe.model import PRESETS
+
+    found = checkpoint.list_checkpoints(str(tmp_path / "pre"))[-1]
+    model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
+    opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    state = checkpoint.load(found.url, model, opt)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    meta = checkpoint.read_meta(found.url)
+    checkpoint.save(found.url, model, opt, {k: v for k, v in state.items() if k != "rng"}, meta)
+    with pytest.raises(NonFinite, match=r"non-finite results at .*loss"):
+        run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
+    assert not (tmp_path / "eval/results.json").exists()
+
+
+def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
+    assert "spike_events" not in clean.results  # no false alarm on a clean run
+    poisoned = _config(mix, poison_steps=(14, 17))
+    run = run_step(pretrain, poisoned, tmp_path / "poisoned", name="pre")
+    events = run.results["spike_events"]
+    kinds = [(e["step"], e["kind"]) for e in events]
+    assert kinds == [(14, "skip"), (15, "skip"), (16, "rewind")], kinds  # only the poisoned steps
+    assert events[2]["to_step"] == 10 and events[2]["skipped"] == [10, 16]
+    assert abs(run.results["loss"] - clean.results["loss"]) < 0.3, (run.results["loss"], clean.results["loss"])
+    assert run.provenance["tokens"]["skipped_steps"] == [[14, 14, "skip"], [15, 15, "skip"], [10, 16, "rewind"]]
+    rows = [json.loads(line) for line in open(tmp_path / "poisoned/metrics.jsonl")]
+    assert any(r.get("events") for r in rows)  # marked in the curve the live page draws
+    assert trained_ranges(0, 21, events) == [(0, 10), (17, 21)]
+    # --which-saw reads the same events from the newest checkpoint
+    from steps.provenance.which_saw import skipped_steps
+
+    newest = checkpoint.list_checkpoints(run.output)[-1].url
+    assert skipped_steps(newest, [9, 10, 14, 16, 17]) == [(10, "rewind"), (14, "rewind"), (16, "rewind")]
+
+    # deterministic: killed after the rewind, resumed from step-20: the same events, the same bits
+    killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=19))
+    with pytest.raises(Killed):
+        run_step(pretrain, killed, tmp_path / "resumed", name="pre")
+    again = run_step(pretrain, poisoned, tmp_path / "resumed", name="pre")
+    assert again.results["spike_events"] == events
+    (s1, w1), (s2, w2) = _state(run.output), _state(again.output)
+    assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
