@@ -86,13 +86,13 @@ def _read_part(job: StarJob) -> np.ndarray:
 
 
 def _write_parts(job: StarJob, edges: np.ndarray, key: np.ndarray) -> None:
-    """Edges to the partitions of `key` (one file per destination, written even when empty, so
-    that a reader never mistakes a missing file for an empty one)."""
+    """Edges to the partitions of `key`, one file per destination that gets any (a reader lists
+    its folder; the map finished, so every file its tasks wrote is there)."""
     dest = partition_of(key, job.parts)
     order = np.argsort(dest, kind="stable")
     edges, dest = edges[order], dest[order]
     bounds = np.searchsorted(dest, np.arange(job.parts + 1))
-    for d in range(job.parts):
+    for d in np.flatnonzero(np.diff(bounds)).tolist():
         save(join(job.work, job.write, f"{d:04d}", f"{job.part:04d}.npy"), edges[bounds[d]:bounds[d + 1]])
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from steps.data.formats import url_fs, write_bytes
 
-FENCE = 1024  # records between two fence keys
+FENCE = 256  # records between two fence keys: a reader reads at most this many before its range
 CHUNK = 4096  # records a reader fetches at once
 
 
