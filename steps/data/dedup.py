@@ -2,13 +2,13 @@
 several sources, in passes of Ray tasks whose memory depends on their own slice of the work, never
 on the corpus (docs/data.md "dedup" has each pass's files):
 
-1. per input shard (one task per `shards_per_task` shards): a 128-bit content hash (blake2b) and
-   a MinHash signature over word n-grams per document, written as sorted runs
+1. per task of `shards_per_task` input shards: a 128-bit content hash (blake2b) and a MinHash
+   signature over word n-grams per document, written as the task's sorted runs
    (`steps.data.dedup_runs`): the content hashes, and one section per LSH band, each sorted by
    key, with what verifying a pair needs carried beside each key (the second half of the hash;
    the whole signature when `verify_threshold` is set);
-2. per (section, key range) (`steps.data.dedup_pairs`): the runs of every shard merged as a stream,
-   one range each; pairs within each bucket, verified there (estimated Jaccard >= the threshold);
+2. per (section, key range) (`steps.data.dedup_pairs`): the runs of every pass-1 task merged as a
+   stream, one range each; pairs within each bucket, verified there (estimated Jaccard >= the threshold);
    `keys_per_task` records of a section make one range, so a task's memory is its range's;
 3. connected components of the verified pairs only (`steps.data.dedup_components`): large-star /
    small-star rounds over `pairs_per_task`-sized hash partitions; the keeper of every cluster is
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -39,7 +39,7 @@ import numpy as np
 from executor import AtomicFile, InputPath, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.dedup_components import components, load
 from steps.data.dedup_pairs import EXACT, PairJob, pair_task
-from steps.data.dedup_runs import key_ranges, record_dtype, sort_section, write_run
+from steps.data.dedup_runs import MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, write_json
 from steps.data.minhash import MinHasher, band_keys
@@ -123,13 +123,15 @@ def dedup(config: DedupConfig, ctx: StepContext) -> None:
     small = Resources(cpus=1, memory_gb=config.task_memory_gb)
 
     # pass 1: sorted runs per shard
-    todo = [(i, u) for i, u in enumerate(shards) if not ctx.exists(f"work/s1/{names[i]}.json")]
-    ctx.map(_signatures, [_Job(ctx.output, tuple(todo[k:k + per]), config) for k in range(0, len(todo), per)],
-            resources=small)
-    counts = [int(read_json(ctx.path(f"work/s1/{n}.json"))["documents"]) for n in names]
+    runs = _runs_done(ctx)
+    covered = {i for r in runs for i in r["shards"]}
+    todo = [(i, u) for i, u in enumerate(shards) if i not in covered]
+    runs += ctx.map(_signatures, [_Job(ctx.output, tuple(todo[k:k + per]), config)
+                                  for k in range(0, len(todo), per)], resources=small)
+    runs.sort(key=lambda r: r["shards"][0])
 
     # pass 2: pairs per (section, key range)
-    results = _pairs(config, ctx, names, counts)
+    results = _pairs(config, ctx, runs)
 
     # pass 3: connected components over the pairs
     if not ctx.exists("work/s3.json"):
@@ -177,22 +179,24 @@ def _gb(nbytes: float) -> float:
     return round(BASE_MEMORY + nbytes / 2**30, 3)
 
 
-# -- pass 1: sorted runs per shard ------------------------------------------------------------
+# -- pass 1: sorted runs per task -------------------------------------------------------------
 
-def _signatures(job: _Job) -> int:
+def _signatures(job: _Job) -> dict:
+    """One run for the task's shards together (so pass 2 merges one run per pass-1 task, as many
+    as the operator chose, not one per shard), then its marker `work/s1/FIRST.json` naming them."""
     cfg = job.config
     hasher = MinHasher(num_perm=cfg.bands * cfg.rows, ngram=cfg.ngram, seed=cfg.seed)
+    hashes, keys, sigs, gids, counts = [], [], [], [], []
     for index, url in job.shards:
-        name = f"{index:05d}"
-        hashes, keys, sigs = [], [], []
         n = 0
         for texts in iter_text_batches(url, cfg.batch_docs):
+            gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, n + len(texts), dtype=np.uint64)
+            gids.append(gid)
             hashes.append(np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16)
                                                  .digest() for t in texts), dtype=np.uint64).reshape(-1, 2))
             if cfg.fuzzy:
                 sig, has = hasher.signatures(texts)
                 k = band_keys(sig, cfg.bands, cfg.rows)
-                gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, n + len(texts), dtype=np.uint64)
                 k[~has] = ~gid[~has, None]  # no shingles: a key of its own, never shared
                 keys.append(k)
                 if cfg.verify_threshold is not None:
@@ -200,17 +204,21 @@ def _signatures(job: _Job) -> int:
             n += len(texts)
         if n >= 2**32:
             raise VoyageError(f"dedup: {url} holds {n} documents; a shard holds at most 2^32")
-        gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
-        h = _cat(hashes, (0, 2), np.uint64)
-        base = join(job.output, f"work/runs/{name}")
-        if cfg.exact:
-            write_run(base + ".exact", [sort_section(h[:, 0].copy(), gid, h[:, 1].copy().view(np.uint32).reshape(-1, 2))])
-        if cfg.fuzzy:
-            k = _cat(keys, (0, cfg.bands), np.uint64)
-            sig = _cat(sigs, (0, cfg.bands * cfg.rows if sigs else 0), np.uint32) if sigs else np.zeros((n, 0), np.uint32)
-            write_run(base + ".bands", [sort_section(k[:, b].copy(), gid, sig) for b in range(cfg.bands)])
-        write_json(join(job.output, f"work/s1/{name}.json"), {"documents": n})
-    return len(job.shards)
+        counts.append(n)
+    n = sum(counts)
+    gid = _cat(gids, (0,), np.uint64)
+    h = _cat(hashes, (0, 2), np.uint64)
+    name = f"{job.shards[0][0]:05d}"
+    base = join(job.output, f"work/runs/{name}")
+    if cfg.exact:
+        write_run(base + ".exact", [sort_section(h[:, 0].copy(), gid, h[:, 1].copy().view(np.uint32).reshape(-1, 2))])
+    if cfg.fuzzy:
+        k = _cat(keys, (0, cfg.bands), np.uint64)
+        sig = _cat(sigs, (0, cfg.bands * cfg.rows), np.uint32) if sigs else np.zeros((n, 0), np.uint32)
+        write_run(base + ".bands", [sort_section(k[:, b].copy(), gid, sig) for b in range(cfg.bands)])
+    marker = {"run": name, "shards": [i for i, _ in job.shards], "documents": counts}
+    write_json(join(job.output, f"work/s1/{name}.json"), marker)
+    return marker
 
 
 def _cat(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -219,18 +227,33 @@ def _cat(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> n
 
 # -- pass 2: pairs per (section, key range) ---------------------------------------------------
 
-def _pairs(config: DedupConfig, ctx: StepContext, names: tuple[str, ...], counts: list[int]) -> list[dict]:
+def _runs_done(ctx: StepContext) -> list[dict]:
+    """The markers of the runs pass 1 finished (one listing of their folder)."""
+    try:
+        found = ctx.fs.ls(ctx.fs_path("work/s1"), detail=False)
+    except FileNotFoundError:
+        return []
+    return [json.loads(ctx.fs.cat_file(f)) for f in sorted(found) if f.endswith(".json")]
+
+
+def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list[dict]:
     """Run the pass-2 tasks not yet done; the counts of every (section, range), in order."""
     sections = ([EXACT] if config.exact else []) + (list(range(config.bands)) if config.fuzzy else [])
+    counts = [sum(r["documents"]) for r in runs_done]
+    names = [r["run"] for r in runs_done]
     ranges = key_ranges(max(1, -(-sum(counts) // config.keys_per_task)))
     width = config.bands * config.rows if config.verify_threshold is not None else 0
+    # The task's budget of records is shared by its readers: each reads its run's part of the
+    # range in pieces of budget / runs records (at least MIN_CHUNK), so the task holds about its
+    # budget whatever the number of runs.
+    chunk = max(MIN_CHUNK, config.keys_per_task // max(1, len(names)))
     jobs, done = [], {}
     for s in sections:
         run = "exact" if s == EXACT else "bands"
         runs = tuple((ctx.path(f"work/runs/{n}.{run}"), c) for n, c in zip(names, counts))
         for r, (lo, hi) in enumerate(ranges):
             job = PairJob(ctx.output, s, r, lo, hi, runs, 2 if s == EXACT else width,
-                          None if s == EXACT else config.verify_threshold, config.examples)
+                          None if s == EXACT else config.verify_threshold, config.examples, chunk)
             if ctx.exists(f"work/pairs/{s}/{r:05d}.json"):
                 done[(s, r)] = read_json(job.name + ".json")
             else:

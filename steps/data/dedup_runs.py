@@ -14,8 +14,9 @@ uint64 [sections, ceil(n / FENCE)]) holds every FENCE-th key of each section, so
 the records of a key range [lo, hi) with one small read and no search through the run itself:
 it reads at most FENCE records before lo, and nothing at or past the first fence >= hi.
 
-`RunReader` reads its range lazily, `chunk` records a request, so a pass-2 task holds at most
-one chunk per shard whatever the shard's size, and never more than the records of its range.
+`RunReader` reads its range lazily, `chunk` records a request (the records before the range in
+its first fence block are read and dropped a chunk at a time), so a pass-2 task holds at most one
+chunk per shard whatever the shard's size; dedup sizes the chunk as its budget over the shards.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import numpy as np
 from steps.data.formats import url_fs, write_bytes
 
 FENCE = 256  # records between two fence keys: a reader reads at most this many before its range
-CHUNK = 4096  # records a reader fetches at once
+CHUNK = 4096  # records a reader fetches at once, by default
+MIN_CHUNK = 4  # the least a reader fetches at once
 
 
 def record_dtype(width: int) -> np.dtype:

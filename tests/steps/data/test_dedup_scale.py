@@ -3,7 +3,6 @@ depends on its key range, not on the corpus (the single-process pass 2 it replac
 the reference, grows with the corpus: the test can fail)."""
 
 import hashlib
-import io
 import random
 import tracemalloc
 
@@ -14,7 +13,7 @@ from executor import StepContext
 from steps.data.dedup import DedupConfig, connected_components, dedup
 from steps.data.dedup_components import components, load, save
 from steps.data.dedup_pairs import PairJob, pair_task
-from steps.data.dedup_runs import key_ranges, sort_section, write_run
+from steps.data.dedup_runs import MIN_CHUNK, key_ranges, sort_section, write_run
 from steps.data.formats import iter_text_batches, write_documents
 from steps.data.minhash import MinHasher, band_keys
 
@@ -163,19 +162,20 @@ def test_components_match_union_find_on_random_graphs(tmp_path):
 
 # -- memory: a pass-2 task holds its key range, not the corpus ---------------------------------
 
-SHARDS, BASE, WIDTH = 4, 4000, 8
+RUNS, BASE, WIDTH = 4, 4000, 8
 
 
 def _synthetic_runs(root, docs):
-    """Per shard: one band's keys (1% of documents share a key with another) as a sorted run,
-    and as main's `(bands, n)` key file."""
+    """RUNS pass-1 tasks (each run holds a task's shards, so more documents make longer runs, not
+    more of them): one band's keys (1% of documents share a key with another) as sorted runs, and
+    as main's key files."""
     rng = np.random.default_rng(docs)
     keys = rng.integers(0, 2**64, docs, dtype=np.uint64)
     copy = rng.choice(docs, docs // 100, replace=False)
     keys[copy] = keys[rng.integers(0, docs, copy.size)]
     pay = rng.integers(0, 2**32, (docs, WIDTH), dtype=np.uint32)
     runs, old = [], []
-    for i, part in enumerate(np.array_split(np.arange(docs), SHARDS)):
+    for i, part in enumerate(np.array_split(np.arange(docs), RUNS)):
         gid = (np.uint64(i) << np.uint64(32)) | np.arange(part.size, dtype=np.uint64)
         url = str(root / f"runs/{i:05d}.bands")
         write_run(url, [sort_section(keys[part], gid, pay[part])])
@@ -194,13 +194,14 @@ def _peak(fn, *args):
 
 
 def test_pass2_memory_is_flat_in_the_corpus_size_and_the_old_pass_is_not(tmp_path):
-    keys_per_task = 2000  # the task budget: records of a section per task
+    keys_per_task = 1000  # the task budget: records of a section per task
     new, old = {}, {}
     for scale in (1, 4, 16):
         docs = BASE * scale
         runs, old_keys = _synthetic_runs(tmp_path / str(scale), docs)
         ranges = key_ranges(-(-docs // keys_per_task))
-        peaks = [_peak(pair_task, PairJob(str(tmp_path / str(scale)), 0, r, lo, hi, runs, WIDTH, 0.5))
+        chunk = max(MIN_CHUNK, keys_per_task // len(runs))  # as dedup sizes it
+        peaks = [_peak(pair_task, PairJob(str(tmp_path / str(scale)), 0, r, lo, hi, runs, WIDTH, 0.5, chunk=chunk))
                  for r, (lo, hi) in enumerate(ranges)]
         new[scale] = max(peaks)
         old[scale] = _peak(old_band_pairs, [k[0] for k in old_keys], True)
