@@ -1,8 +1,9 @@
 """Dedup's memory flatness: the tracemalloc peak of the largest pass-2 task at 1x, 4x and 16x the
-documents with a fixed task budget (`keys_per_task`), against main's pass 2 (one task per band
+documents with a fixed task budget (`keys_per_task`) and as many pass-1 tasks (each takes `scale`
+shards, so its runs hold more documents), against main's pass 2 (one task per band
 holding every shard's keys, kept below as "before") on the same band keys.
 
-    .venv/bin/python bench/data_dedup_memory.py --scales 1 4 16 --keys-per-task 2000
+    .venv/bin/python bench/data_dedup_memory.py --scales 1 4 16 --keys-per-task 400
 
 The corpus is bench/data_common's (the bundled corpus plus word-shuffled copies); the step runs
 in this process with a mapper that traces every pass-2 task. "before" reads band 0 of every
@@ -88,7 +89,8 @@ def measure(scale: int, keys_per_task: int) -> dict:
 
     c = ctx(out)
     c.mapper = mapper
-    dedup(DedupConfig(documents=str(src), keys_per_task=keys_per_task), c)
+    # as many pass-1 tasks (runs) at every scale: each takes `scale` shards
+    dedup(DedupConfig(documents=str(src), keys_per_task=keys_per_task, shards_per_task=scale), c)
     got["documents"] = c.results["documents_in"]
     return got
 
@@ -96,7 +98,7 @@ def measure(scale: int, keys_per_task: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--keys-per-task", type=int, default=2000)
+    ap.add_argument("--keys-per-task", type=int, default=400)
     args = ap.parse_args()
     rows = [measure(s, args.keys_per_task) for s in args.scales]
     print(f"keys_per_task {args.keys_per_task}; 28 bands x 4 rows, verify 0.7 (the step's defaults)")
