@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor import License, LicensePolicy, Resources, RetryPolicy, Step, VoyageError, output_of
+from executor import InputRef, License, LicensePolicy, Resources, RetryPolicy, Step, VoyageError, output_of
 from steps.data.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
@@ -62,6 +62,10 @@ class Source:
     pretrain: float  # weight in the pretraining stage
     midtrain: float  # weight in the midtraining stage
     text_field: str = "text"  # the field of each record that holds its text
+    # Sources of one dedup group are deduplicated together, in one id space, by one step
+    # `dedup/GROUP` (their overlap is removed; each keeps its own folder, licence and token count);
+    # a source without a group is deduplicated alone, by `dedup/NAME`.
+    dedup_group: str = ""
 
 
 # Licences: an SPDX id where one exists, else a short name and the URL of its terms. Sources whose
@@ -75,8 +79,11 @@ LLAMA_31 = License("Llama 3.1 Community License", url="https://www.llama.com/lla
 
 RAW = "gs://marin-us-central2/raw"
 FULL_SOURCES = (
-    Source("nemotron-cc", f"{RAW}/nemotron-cc/**/*.jsonl.zst", 6.3e12, NVIDIA_DATA, 0.616, 0.682),
-    Source("dclm-baseline", f"{RAW}/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, License("CC-BY-4.0"), 0.33, 0.15),
+    # both built from Common Crawl: their overlap is removed by one dedup step over the two
+    Source("nemotron-cc", f"{RAW}/nemotron-cc/**/*.jsonl.zst", 6.3e12, NVIDIA_DATA, 0.616, 0.682,
+           dedup_group="common-crawl"),
+    Source("dclm-baseline", f"{RAW}/dclm-baseline-1.0/**/*.jsonl.zst", 3.8e12, License("CC-BY-4.0"), 0.33, 0.15,
+           dedup_group="common-crawl"),
     Source("starcoder2-data", f"{RAW}/starcoder2-data/**/*.parquet", 913e9, PER_REPOSITORY, 0.04, 0.10,
            text_field="content"),
     Source("proof-pile-2", f"{RAW}/proof-pile-2/**/*.jsonl.zst", 55e9, PER_SOURCE, 0.005, 0.02),
@@ -88,9 +95,10 @@ FULL_SOURCES = (
 )
 
 LAPTOP_SOURCES = (
+    # deduplicated together, as the full voyage's Common-Crawl sources are
     Source("kjv", "data/corpus/kjv.jsonl.zst", 1.2e6, License("public domain", url="https://www.gutenberg.org/ebooks/10"),
-           0.7, 0.3),
-    Source("pydocs", "data/corpus/pydocs.jsonl.zst", 1.3e6, License("PSF-2.0"), 0.3, 0.7),
+           0.7, 0.3, dedup_group="corpus"),
+    Source("pydocs", "data/corpus/pydocs.jsonl.zst", 1.3e6, License("PSF-2.0"), 0.3, 0.7, dedup_group="corpus"),
 )
 
 
@@ -181,16 +189,27 @@ def scale_of(config: VoyageConfig) -> Scale:
 def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
     """The tokenizer step and, per source, its tokenized dataset."""
     scale = scale_of(config)
-    docs: dict[str, Step] = {}
+    raws = {src.name: Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field,
+                                                                     root=str(REPO), license=src.license),
+                           resources=scale.data_resources)
+            for src in scale.sources}
+    groups: dict[str, list[Source]] = {}
     for src in scale.sources:
-        raw = Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO),
-                                                             license=src.license),
-                   resources=scale.data_resources)
-        docs[src.name] = Step(f"dedup/{src.name}", dedup, DedupConfig(documents=output_of(raw), seed=config.seed),
-                              resources=scale.data_resources)
+        groups.setdefault(src.dedup_group or src.name, []).append(src)
+    docs: dict[str, InputRef] = {}  # source -> its deduplicated documents
+    for group, members in groups.items():
+        if len(members) == 1 and not members[0].dedup_group:
+            dd = Step(f"dedup/{group}", dedup, DedupConfig(documents=output_of(raws[group]), seed=config.seed),
+                      resources=scale.data_resources)
+            docs[group] = output_of(dd)
+            continue
+        dd = Step(f"dedup/{group}", dedup, DedupConfig(documents={s.name: output_of(raws[s.name]) for s in members},
+                                                       seed=config.seed), resources=scale.data_resources)
+        docs.update({s.name: output_of(dd, s.name) for s in members})
+    docs = {src.name: docs[src.name] for src in scale.sources}  # the sources' order
     if config.laptop:
         tok = Step("tokenizer/bpe-512", train_tokenizer,
-                   TrainTokenizerConfig(documents=tuple(output_of(d) for d in docs.values()),
+                   TrainTokenizerConfig(documents=tuple(docs.values()),
                                         vocab_size=scale.tokenizer_vocab))
     else:
         tok = Step("tokenizer/llama3", pin_tokenizer,
@@ -198,7 +217,7 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
                                       license=LLAMA_31))
     tokenized = {
         name: Step(f"tokenized/{name}", tokenize,
-                   TokenizeConfig(documents=output_of(d), tokenizer=output_of(tok), bos=None, eos=_eos(config)),
+                   TokenizeConfig(documents=d, tokenizer=output_of(tok), bos=None, eos=_eos(config)),
                    resources=scale.data_resources)
         for name, d in docs.items()}
     return tok, tokenized

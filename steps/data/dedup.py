@@ -1,50 +1,62 @@
-"""dedup: exact (content hash) and fuzzy (MinHash LSH) deduplication across all shards.
+"""dedup: exact (content hash) and fuzzy (MinHash LSH) deduplication across all shards of one or
+several sources, in passes of Ray tasks whose memory depends on their own slice of the work, never
+on the corpus (docs/data.md "dedup" has each pass's files):
 
-Four passes, each resumable from its own markers (the step type is resumable):
-1. per input shard (one task per `shards_per_task` shards): a 128-bit content hash (blake2b) per
-   document, MinHash signatures over word n-grams and one LSH key per band, saved under `work/`;
-2. per band, and once for the content hashes (one task each): the keys of every shard sorted
-   together; documents sharing a key become candidate pairs (each with the first of its bucket,
-   and, when verifying, with its predecessor too);
-3. in the step's own process: fuzzy candidates are optionally verified (their signatures must
-   agree on at least `verify_threshold` of the permutations), then connected components over
-   all pairs (vectorized union-find: min-label propagation with pointer jumping). The keeper of
-   every cluster is its smallest global id (shard index, then position), so the result does not
-   depend on the order of work;
-4. per shard: the kept documents are streamed to `documents/IIIII.jsonl.zst`.
+1. per task of `shards_per_task` input shards: a 128-bit content hash (blake2b) and a MinHash
+   signature over word n-grams per document, written as the task's sorted runs
+   (`steps.data.dedup_runs`): the content hashes, and one section per LSH band, each sorted by
+   key, with what verifying a pair needs carried beside each key (the second half of the hash;
+   the whole signature when `verify_threshold` is set);
+2. per (section, key range) (`steps.data.dedup_pairs`): the runs of every pass-1 task merged as a
+   stream, one range each; pairs within each bucket, verified there (estimated Jaccard >= the threshold);
+   `keys_per_task` records of a section make one range, so a task's memory is its range's;
+3. connected components of the verified pairs only (`steps.data.dedup_components`): large-star /
+   small-star rounds over `pairs_per_task`-sized hash partitions; the keeper of every cluster is
+   its smallest global id, so the result does not depend on the order of work; the removed ids,
+   with their keepers, sorted into one drop file per group of shards;
+4. per shard: the kept documents streamed to `documents/IIIII.jsonl.zst`.
 
-Documents are identified by a global id `shard << 32 | position`. Memory per task is bounded by
-one shard (pass 1, 4) or 32 bytes per document (pass 2); pass 3 holds the candidate pairs.
-The output is a documents folder like ingest's (a manifest lists the shards) plus `report.json`:
-counts, cluster sizes, and example pairs with their estimated Jaccard similarity; and
-`duplicates.npy`, uint64 [removed, 2]: every removed document's global id and its keeper's.
+Documents are identified by a global id `shard << 32 | position`, shards numbered across the
+sources in the order of their names (so the keeper of a cluster spanning sources is in the source
+first by name). One source (`documents` a folder or glob) gives a documents folder like ingest's;
+several (`documents` a dict {source: folder}) give one documents folder per source, `SOURCE/`, each
+with its own manifest and licences, and a root manifest listing them all. Beside them:
+`report.json` (counts, cluster sizes, removals per pair of sources, example pairs with their
+estimated Jaccard), `sources.json` (each source's first global shard), and `duplicates.npy`,
+uint64 [removed, 2]: every removed document's global id and its keeper's, sorted.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import io
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from executor import InputPath, StepContext, VoyageError, is_local, run_only, step_type
+from executor import AtomicFile, InputPath, Resources, StepContext, VoyageError, run_only, step_type
+from steps.data.dedup_components import components, load
+from steps.data.dedup_pairs import EXACT, PairJob, pair_task
+from steps.data.dedup_runs import MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
-    iter_text_batches, join, read_json, url_fs, write_bytes, write_json
+    iter_text_batches, join, read_json, write_json
 from steps.data.minhash import MinHasher, band_keys
-from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
+from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest, union
 from steps.data.refs import ref
 
 SNIPPET = 300
+BASE_MEMORY = 0.25  # GiB a task's worker holds before it does anything (Python, numpy, fsspec)
 
 
 @dataclass(frozen=True)
 class DedupConfig:
-    """Which duplicates to remove and how fuzzy matching is tuned."""
+    """Which duplicates to remove, across which sources, and how fuzzy matching is tuned."""
 
-    documents: InputPath  # a documents folder (ingest output) or a glob of shards
+    # a documents folder (ingest output) or a glob of shards; or {source: folder} to deduplicate
+    # several sources together in one id space (each keeps its own documents folder and licences)
+    documents: InputPath | dict[str, InputPath]
     exact: bool = True
     fuzzy: bool = True
     ngram: int = 5
@@ -59,242 +71,240 @@ class DedupConfig:
     examples: int = 8  # example pairs in the report
     batch_docs: int = run_only(default=512)
     shards_per_task: int = run_only(default=1)
+    # The task budget: records of one section a pass-2 task merges (its memory, with the records'
+    # size), and duplicate edges of one pass-3 partition. They change the number of tasks, never
+    # the result.
+    keys_per_task: int = run_only(default=1 << 20)
+    pairs_per_task: int = run_only(default=1 << 22)
+    task_memory_gb: float = run_only(default=1.0)  # declared to Ray by each pass-1 and pass-4 task
 
     def __post_init__(self) -> None:
         if self.bands < 1 or self.rows < 1 or self.ngram < 1:
             raise VoyageError(f"dedup: bands, rows and ngram must be >= 1 (got {self.bands}, {self.rows}, {self.ngram})")
         if self.verify_threshold is not None and not 0.0 < self.verify_threshold <= 1.0:
             raise VoyageError(f"dedup: verify_threshold must be in (0, 1], got {self.verify_threshold}")
+        if self.keys_per_task < 1 or self.pairs_per_task < 1:
+            raise VoyageError(f"dedup: keys_per_task and pairs_per_task must be >= 1 (got {self.keys_per_task}, "
+                              f"{self.pairs_per_task})")
+        if isinstance(self.documents, Mapping):
+            if not self.documents:
+                raise VoyageError("dedup: documents is an empty dict: name at least one source")
+            for name in self.documents:
+                if not isinstance(name, str) or not name or name.startswith((".", "_")) or "/" in name:
+                    raise VoyageError(f"dedup: documents[{name!r}]: a source name is one folder name "
+                                      "(not empty, no '/', not starting with '.' or '_')")
+
+    def sources(self) -> list[tuple[str, Any]]:
+        """(source name, documents) in id order: by name; one unnamed source for a plain folder."""
+        if isinstance(self.documents, Mapping):
+            return sorted(self.documents.items())
+        return [("", self.documents)]
 
 
 @dataclass(frozen=True)
 class _Job:
     output: str
-    shards: tuple[tuple[int, str], ...]
+    shards: tuple[tuple[int, str], ...]  # (global shard index, URL)
     config: DedupConfig
-    sources: tuple[str, ...] = ()  # how each shard's ledger names it (steps.data.refs), pass 4
+    sources: tuple[str, ...] = ()  # pass 4: how each shard's ledger names its input (steps.data.refs)
+    where: tuple[tuple[str, int], ...] = ()  # pass 4: (source name, shard index in the source) per shard
+    firsts: tuple[tuple[str, int], ...] = ()  # pass 4: (source, its first global shard), in id order
+    drop: str = ""  # pass 4: the drop file of the shards' group
+    want: tuple[tuple[int, ...], ...] = ()  # pass 4: positions whose snippets the report shows, per shard
 
 
-@dataclass(frozen=True)
-class _BandJob:
-    output: str
-    band: int  # -1: the content hashes
-    names: tuple[str, ...]
-    verify: bool
-
-
-@step_type(version="2", resumable=True)
+@step_type(version="3", resumable=True)
 def dedup(config: DedupConfig, ctx: StepContext) -> None:
-    """Remove exact and near duplicates across all shards; keep the smallest id of each cluster."""
-    inputs = document_shards(config.documents)
-    if not inputs:
-        raise FileNotFoundError(f"dedup: no document shards in {config.documents!r}")
-    names = tuple(f"{i:05d}" for i in range(len(inputs)))
+    """Remove exact and near duplicates across all shards of all sources; keep the smallest id of
+    each cluster."""
+    shards, where, firsts = _inputs(config)
+    names = tuple(f"{i:05d}" for i in range(len(shards)))
     per = max(1, config.shards_per_task)
+    small = Resources(cpus=1, memory_gb=config.task_memory_gb)
 
-    todo = [(i, u) for i, u in enumerate(inputs) if not ctx.exists(f"work/s1/{names[i]}.json")]
-    ctx.map(_signatures, [_Job(ctx.output, tuple(todo[k:k + per]), config) for k in range(0, len(todo), per)])
+    # pass 1: sorted runs per shard
+    runs = _runs_done(ctx)
+    covered = {i for r in runs for i in r["shards"]}
+    todo = [(i, u) for i, u in enumerate(shards) if i not in covered]
+    runs += ctx.map(_signatures, [_Job(ctx.output, tuple(todo[k:k + per]), config)
+                                  for k in range(0, len(todo), per)], resources=small)
+    runs.sort(key=lambda r: r["shards"][0])
 
-    items = ([-1] if config.exact else []) + (list(range(config.bands)) if config.fuzzy else [])
-    items = [b for b in items if not ctx.exists(f"work/pairs/{b}.npy")]
-    verify = config.verify_threshold is not None
-    ctx.map(_band_pairs, [_BandJob(ctx.output, b, names, verify) for b in items])
+    # pass 2: pairs per (section, key range)
+    results = _pairs(config, ctx, runs)
 
+    # pass 3: connected components over the pairs
     if not ctx.exists("work/s3.json"):
-        _components(config, ctx, names)
+        _components(config, ctx, len(shards), results)
     s3 = read_json(ctx.path("work/s3.json"))
 
-    todo = [(i, u) for i, u in enumerate(inputs) if not ctx.exists(f"ledger/{names[i]}.json")]
+    # pass 4: the kept documents, shard by shard
+    spg = int(s3["shards_per_group"])
+    want = collections.defaultdict(set)
+    for p in s3["examples"]:
+        for g in (p["first"], p["second"]):
+            want[g >> 32].add(g & 0xFFFFFFFF)
+    todo = [(i, u) for i, u in enumerate(shards) if not ctx.exists(f"ledger/{names[i]}.json")]
     ledger = ctx.path("ledger")
-    ctx.map(_write_kept, [_Job(ctx.output, tuple(todo[k:k + per]), config,
-                               tuple(ref(ctx, u, ledger) for _, u in todo[k:k + per]))
-                          for k in range(0, len(todo), per)])
-
-    shards, snippets, kept, total = [], {}, 0, 0
-    for name in names:
-        ledger = read_json(ctx.path(f"ledger/{name}.json"))
-        shards.append({"path": f"documents/{name}.jsonl.zst", "documents": ledger["kept"]})
-        snippets.update(ledger["snippets"])
-        kept += ledger["kept"]
-        total += ledger["kept"] + ledger["removed"]
-    report = dict(s3["report"], documents_in=total, documents_kept=kept, removed=total - kept)
-    report["example_pairs"] = [dict(p, first=snippets.get(str(p["first"])), second=snippets.get(str(p["second"])))
-                               for p in s3["examples"]]
-    write_json(ctx.path("report.json"), report)
-    licenses = folder_licenses(config.documents)  # the kept documents are under their sources' licences
-    note_sources(ctx, licenses)
-    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": kept, "shards": shards,
-                                    LICENSES_KEY: to_manifest(licenses)})
-    ctx.fs.rm(ctx.fs_path("work"), recursive=True)
-    ctx.results.update({k: v for k, v in report.items() if k != "example_pairs" and k != "cluster_sizes"})
+    jobs = []
+    for k in range(0, len(todo), per):
+        for g in sorted({i // spg for i, _ in todo[k:k + per]}):  # one drop file a task
+            part = tuple((i, u) for i, u in todo[k:k + per] if i // spg == g)
+            jobs.append(_Job(ctx.output, part, config, tuple(ref(ctx, u, ledger) for _, u in part),
+                             tuple(where[i] for i, _ in part), tuple(firsts), ctx.path(f"work/drop/{g:05d}.npy"),
+                             tuple(tuple(sorted(want.get(i, ()))) for i, _ in part)))
+    ctx.map(_write_kept, jobs, resources=small)
+    _finish(config, ctx, names, where, s3)
 
 
-# -- pass 1: hashes, signatures, band keys per shard ------------------------------------------
+def _inputs(config: DedupConfig) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+    """Every input shard in id order, (source, index in the source) of each, and each source's
+    first global shard."""
+    shards: list[str] = []
+    where: list[tuple[str, int]] = []
+    firsts: list[tuple[str, int]] = []
+    for name, spec in config.sources():
+        found = document_shards(spec)
+        if not found:
+            raise FileNotFoundError(f"dedup: no document shards in {spec!r}" + (f" (source {name})" if name else ""))
+        firsts.append((name, len(shards)))
+        where += [(name, k) for k in range(len(found))]
+        shards += found
+    if len(shards) >= 2**32:
+        raise VoyageError(f"dedup: {len(shards)} shards; global ids hold at most 2^32")
+    return shards, where, firsts
 
-def _signatures(job: _Job) -> int:
+
+def _gb(nbytes: float) -> float:
+    return round(BASE_MEMORY + nbytes / 2**30, 3)
+
+
+# -- pass 1: sorted runs per task -------------------------------------------------------------
+
+def _signatures(job: _Job) -> dict:
+    """One run for the task's shards together (so pass 2 merges one run per pass-1 task, as many
+    as the operator chose, not one per shard), then its marker `work/s1/FIRST.json` naming them."""
     cfg = job.config
     hasher = MinHasher(num_perm=cfg.bands * cfg.rows, ngram=cfg.ngram, seed=cfg.seed)
+    hashes, keys, sigs, gids, counts = [], [], [], [], []
     for index, url in job.shards:
-        name = f"{index:05d}"
-        hashes, keys, sigs = [], [], []
         n = 0
         for texts in iter_text_batches(url, cfg.batch_docs):
+            gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, n + len(texts), dtype=np.uint64)
+            gids.append(gid)
             hashes.append(np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16)
                                                  .digest() for t in texts), dtype=np.uint64).reshape(-1, 2))
             if cfg.fuzzy:
                 sig, has = hasher.signatures(texts)
                 k = band_keys(sig, cfg.bands, cfg.rows)
-                gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, n + len(texts), dtype=np.uint64)
                 k[~has] = ~gid[~has, None]  # no shingles: a key of its own, never shared
                 keys.append(k)
                 if cfg.verify_threshold is not None:
                     sigs.append(sig)
             n += len(texts)
-        _save(join(job.output, f"work/hash/{name}.npy"), _cat(hashes, (0, 2), np.uint64))
-        if cfg.fuzzy:
-            _save(join(job.output, f"work/keys/{name}.npy"), np.ascontiguousarray(_cat(keys, (0, cfg.bands), np.uint64).T))
-        if sigs:
-            _save(join(job.output, f"work/sig/{name}.npy"), np.concatenate(sigs))
-        write_json(join(job.output, f"work/s1/{name}.json"), {"documents": n})
-    return len(job.shards)
+        if n >= 2**32:
+            raise VoyageError(f"dedup: {url} holds {n} documents; a shard holds at most 2^32")
+        counts.append(n)
+    n = sum(counts)
+    gid = _cat(gids, (0,), np.uint64)
+    h = _cat(hashes, (0, 2), np.uint64)
+    name = f"{job.shards[0][0]:05d}"
+    base = join(job.output, f"work/runs/{name}")
+    if cfg.exact:
+        write_run(base + ".exact", [sort_section(h[:, 0].copy(), gid, h[:, 1].copy().view(np.uint32).reshape(-1, 2))])
+    if cfg.fuzzy:
+        k = _cat(keys, (0, cfg.bands), np.uint64)
+        sig = _cat(sigs, (0, cfg.bands * cfg.rows), np.uint32) if sigs else np.zeros((n, 0), np.uint32)
+        write_run(base + ".bands", [sort_section(k[:, b].copy(), gid, sig) for b in range(cfg.bands)])
+    marker = {"run": name, "shards": [i for i, _ in job.shards], "documents": counts}
+    write_json(join(job.output, f"work/s1/{name}.json"), marker)
+    return marker
 
 
 def _cat(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(empty_shape, dtype=dtype)
 
 
-def _save(url: str, arr: np.ndarray) -> None:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    write_bytes(url, buf.getvalue())
+# -- pass 2: pairs per (section, key range) ---------------------------------------------------
+
+def _runs_done(ctx: StepContext) -> list[dict]:
+    """The markers of the runs pass 1 finished (one listing of their folder)."""
+    try:
+        found = ctx.fs.ls(ctx.fs_path("work/s1"), detail=False)
+    except FileNotFoundError:
+        return []
+    return [json.loads(ctx.fs.cat_file(f)) for f in sorted(found) if f.endswith(".json")]
 
 
-def _load(url: str, mmap: bool = True) -> np.ndarray:
-    fs, path = url_fs(url)
-    if mmap and is_local(fs):
-        return np.load(path, mmap_mode="r")
-    return np.load(io.BytesIO(fs.cat_file(path)))
+def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list[dict]:
+    """Run the pass-2 tasks not yet done; the counts of every (section, range), in order."""
+    sections = ([EXACT] if config.exact else []) + (list(range(config.bands)) if config.fuzzy else [])
+    counts = [sum(r["documents"]) for r in runs_done]
+    names = [r["run"] for r in runs_done]
+    ranges = key_ranges(max(1, -(-sum(counts) // config.keys_per_task)))
+    width = config.bands * config.rows if config.verify_threshold is not None else 0
+    # The task's budget of records is shared by its readers: each reads its run's part of the
+    # range in pieces of budget / runs records (at least MIN_CHUNK), so the task holds about its
+    # budget whatever the number of runs.
+    chunk = max(MIN_CHUNK, config.keys_per_task // max(1, len(names)))
+    jobs, done = [], {}
+    for s in sections:
+        run = "exact" if s == EXACT else "bands"
+        runs = tuple((ctx.path(f"work/runs/{n}.{run}"), c) for n, c in zip(names, counts))
+        for r, (lo, hi) in enumerate(ranges):
+            job = PairJob(ctx.output, s, r, lo, hi, runs, 2 if s == EXACT else width,
+                          None if s == EXACT else config.verify_threshold, config.examples, chunk)
+            if ctx.exists(f"work/pairs/{s}/{r:05d}.json"):
+                done[(s, r)] = read_json(job.name + ".json")
+            else:
+                jobs.append(job)
+    # a task holds at most its range's records (chunks of each shard's run) and its pairs
+    rec = record_dtype(max(2, width)).itemsize
+    mem = Resources(cpus=1, memory_gb=_gb(config.keys_per_task * (rec + 160)))
+    for job, res in zip(jobs, ctx.map(pair_task, jobs, resources=mem)):
+        done[(job.section, job.index)] = res
+    return [dict(done[(s, r)], section=s, index=r) for s in sections for r in range(len(ranges))]
 
 
-# -- pass 2: candidate pairs per band ---------------------------------------------------------
+# -- pass 3: connected components -------------------------------------------------------------
 
-def _band_pairs(job: _BandJob) -> int:
-    keys, gids = [], []
-    for i, name in enumerate(job.names):
-        if job.band < 0:
-            keys.append(np.asarray(_load(join(job.output, f"work/hash/{name}.npy"))))
-        else:
-            keys.append(np.asarray(_load(join(job.output, f"work/keys/{name}.npy"))[job.band]))
-        gids.append((np.uint64(i) << np.uint64(32)) | np.arange(len(keys[-1]), dtype=np.uint64))
-    key, gid = np.concatenate(keys), np.concatenate(gids)
-    if job.band < 0:
-        order = np.lexsort((key[:, 1], key[:, 0]))
-        key = key[order]
-        same = np.all(key[1:] == key[:-1], axis=1)
-    else:
-        order = np.argsort(key, kind="stable")
-        key = key[order]
-        same = key[1:] == key[:-1]
-    gid = gid[order]
-    pairs = _bucket_pairs(gid, same, chain=job.verify and job.band >= 0)
-    _save(join(job.output, f"work/pairs/{job.band}.npy"), pairs)
-    return int(pairs.shape[0])
-
-
-def _bucket_pairs(gid: np.ndarray, same: np.ndarray, chain: bool) -> np.ndarray:
-    """Pairs within runs of equal keys (`same[i]`: element i+1 has the key of element i): every
-    member with the run's first member, and with its predecessor when `chain`."""
-    if gid.size < 2:
-        return np.zeros((0, 2), np.uint64)
-    idx = np.arange(gid.size)
-    new_run = np.concatenate([[True], ~same])
-    first = np.maximum.accumulate(np.where(new_run, idx, 0))
-    member = np.flatnonzero(~new_run)
-    pairs = [np.stack([gid[first[member]], gid[member]], axis=1)]
-    if chain:
-        later = member[first[member] != member - 1]
-        pairs.append(np.stack([gid[later - 1], gid[later]], axis=1))
-    out = np.concatenate(pairs).astype(np.uint64)
-    return np.sort(out, axis=1)
-
-
-# -- pass 3: verification and connected components --------------------------------------------
-
-def _components(config: DedupConfig, ctx: StepContext, names: tuple[str, ...]) -> None:
-    exact = _load(ctx.path("work/pairs/-1.npy"), mmap=False) if config.exact else np.zeros((0, 2), np.uint64)
-    fuzzy = [np.asarray(_load(ctx.path(f"work/pairs/{b}.npy"), mmap=False)) for b in range(config.bands)] \
-        if config.fuzzy else []
-    fuzzy = np.unique(np.concatenate(fuzzy), axis=0) if fuzzy else np.zeros((0, 2), np.uint64)
-    candidates = len(fuzzy)
-    estimate = None
-    if len(fuzzy) and config.verify_threshold is not None:
-        estimate = _estimate(ctx, fuzzy)
-        ok = estimate >= config.verify_threshold
-        fuzzy, estimate = fuzzy[ok], estimate[ok]
-
-    nodes, keeper = connected_components(np.concatenate([exact, fuzzy]))
-    x_nodes, x_keeper = connected_components(exact)
-    removed = nodes[keeper != nodes]
-    exact_removed = int(np.count_nonzero(x_keeper != x_nodes))
-    sizes = np.bincount(np.searchsorted(nodes, keeper))
-    sizes = sizes[sizes > 1]
-
-    # examples: the first near-duplicate (not identical) pairs, by id
-    exact_set = {tuple(p) for p in exact.tolist()}
-    examples = []
-    for k, (a, b) in enumerate(fuzzy.tolist()):
-        if len(examples) >= config.examples:
-            break
-        if (a, b) in exact_set:
-            continue
-        est = float(estimate[k]) if estimate is not None else None
-        examples.append({"first": int(a), "second": int(b), "estimated_jaccard": est})
-    want = collections.defaultdict(list)
-    for p in examples:
-        for g in (p["first"], p["second"]):
-            want[g >> 32].append(g & 0xFFFFFFFF)
-
-    _save(ctx.path("duplicates.npy"), np.stack([removed, keeper[keeper != nodes]], axis=1))
-    shard_of = (removed >> np.uint64(32)).astype(np.int64)
-    for i, name in enumerate(names):
-        _save(ctx.path(f"work/drop/{name}.npy"),
-              np.sort((removed[shard_of == i] & np.uint64(0xFFFFFFFF)).astype(np.int64)))
-        _save(ctx.path(f"work/want/{name}.npy"), np.array(sorted(set(want.get(i, []))), dtype=np.int64))
-    hist = collections.Counter(sizes.tolist())
-    report = {"exact_duplicates_removed": exact_removed, "fuzzy_duplicates_removed": int(removed.size) - exact_removed,
-              "clusters": int(sizes.size), "largest_cluster": int(sizes.max()) if sizes.size else 0,
-              "cluster_sizes": {str(k): v for k, v in sorted(hist.items())}, "fuzzy_candidate_pairs": candidates,
-              "fuzzy_pairs_kept": int(len(fuzzy)), "exact_pairs": int(len(exact)),
+def _components(config: DedupConfig, ctx: StepContext, shards: int, results: list[dict]) -> None:
+    if ctx.exists("work/cc"):  # a crashed attempt's rounds: start them again
+        ctx.fs.rm(ctx.fs_path("work/cc"), recursive=True)
+    files = [ctx.path(f"work/pairs/{r['section']}/{r['index']:05d}.npy") for r in results]
+    total = sum(r["pairs"] for r in results)
+    parts = max(1, -(-total // config.pairs_per_task))
+    spg = max(1, -(-shards // parts))  # shards per drop file: as many files as partitions
+    mem = Resources(cpus=1, memory_gb=_gb(config.pairs_per_task * 16 * 8))  # edges both ways, sorted, copies
+    cc = components(ctx.map, ctx.path("work/cc"), ctx.path("work/drop"), files, parts, shards, spg, mem)
+    exact_removed = sum(r["exact_removed"] for r in results if r["section"] == EXACT)
+    fuzzy = [r for r in results if r["section"] != EXACT]
+    examples = sorted({tuple(e) for r in fuzzy for e in r["examples"]}, key=lambda e: (e[0], e[1]))
+    seen, picked = set(), []
+    for a, b, est in examples:
+        if (a, b) not in seen and len(picked) < config.examples:
+            seen.add((a, b))
+            picked.append({"first": int(a), "second": int(b), "estimated_jaccard": est})
+    hist = {int(k): v for k, v in cc["hist"].items()}
+    report = {"exact_duplicates_removed": exact_removed, "fuzzy_duplicates_removed": cc["removed"] - exact_removed,
+              "clusters": sum(hist.values()), "largest_cluster": max(hist) if hist else 0,
+              "cluster_sizes": {str(k): v for k, v in sorted(hist.items())},
+              # summed over bands: a pair found in several bands counts once in each
+              "fuzzy_candidate_pairs": sum(r["candidates"] for r in fuzzy),
+              "fuzzy_pairs_verified": sum(r["pairs"] for r in fuzzy),
+              "exact_pairs": sum(r["pairs"] for r in results if r["section"] == EXACT),
+              "duplicate_edges": cc["edges"], "component_rounds": cc["rounds"],
+              "pass2_tasks": len(results), "pass3_partitions": parts,
               "bands": config.bands, "rows": config.rows, "ngram": config.ngram,
               "verify_threshold": config.verify_threshold}
-    write_json(ctx.path("work/s3.json"), {"report": report, "examples": examples})
-
-
-def _estimate(ctx: StepContext, pairs: np.ndarray) -> np.ndarray:
-    """Estimated Jaccard of every pair, loading at most a few shards' signatures at a time."""
-    sa, sb = (pairs[:, 0] >> np.uint64(32)).astype(np.int64), (pairs[:, 1] >> np.uint64(32)).astype(np.int64)
-    la, lb = (pairs[:, 0] & np.uint64(0xFFFFFFFF)).astype(np.int64), (pairs[:, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    order = np.lexsort((sb, sa))
-    out = np.zeros(len(pairs))
-    cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-
-    def sig(shard: int) -> np.ndarray:
-        if shard not in cache:
-            cache[shard] = _load(ctx.path(f"work/sig/{shard:05d}.npy"))
-            while len(cache) > 4:
-                cache.popitem(last=False)
-        cache.move_to_end(shard)
-        return cache[shard]
-
-    bounds = np.flatnonzero(np.diff(sa[order]) | np.diff(sb[order])) + 1
-    for group in np.split(order, bounds):
-        a, b = int(sa[group[0]]), int(sb[group[0]])
-        out[group] = (np.asarray(sig(a)[la[group]]) == np.asarray(sig(b)[lb[group]])).mean(axis=1)
-    return out
+    write_json(ctx.path("work/s3.json"), {"report": report, "examples": picked, "shards_per_group": spg,
+                                          "groups": cc["groups"]})
 
 
 def connected_components(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(nodes, keeper): every id in `pairs` (sorted) and the smallest id of its component."""
+    """(nodes, keeper): every id in `pairs` (sorted) and the smallest id of its component, in one
+    process (min-label propagation with pointer jumping): the reference the distributed pass 3
+    must agree with, and a tool for small pair lists."""
     if len(pairs) == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     nodes = np.unique(pairs)
@@ -318,22 +328,105 @@ def connected_components(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 # -- pass 4: write the kept documents ---------------------------------------------------------
 
+def _source_at(firsts: tuple[tuple[str, int], ...], shard: int) -> str:
+    name = firsts[0][0]
+    for n, first in firsts:
+        if first <= shard:
+            name = n
+    return name
+
+
 def _write_kept(job: _Job) -> int:
-    for (index, url), source in zip(job.shards, job.sources):
-        name = f"{index:05d}"
-        drop = np.asarray(_load(join(job.output, f"work/drop/{name}.npy"), mmap=False))
-        want = set(np.asarray(_load(join(job.output, f"work/want/{name}.npy"), mmap=False)).tolist())
+    group = load(job.drop)  # (removed, keeper), sorted by removed id: this group's shards only
+    for (index, url), source, (src, local), want in zip(job.shards, job.sources, job.where, job.want):
+        lo, hi = np.searchsorted(group[:, 0], [np.uint64(index) << np.uint64(32), np.uint64(index + 1) << np.uint64(32)])
+        drop = (group[lo:hi, 0] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        by_keeper = collections.Counter(_source_at(job.firsts, int(s)) for s in (group[lo:hi, 1] >> np.uint64(32)).tolist())
+        wanted = set(want)
         snippets: dict[str, Any] = {}
         k = kept = 0
-        with DocumentWriter(join(job.output, f"documents/{name}.jsonl.zst")) as writer:
+        with DocumentWriter(join(job.output, _shard_path(src, local))) as writer:
             for pos, doc in enumerate(iter_documents(url)):
-                if pos in want:
+                if pos in wanted:
                     snippets[str((index << 32) | pos)] = {"id": doc.get("id"), "text": doc["text"][:SNIPPET]}
                 if k < drop.size and drop[k] == pos:
                     k += 1
                     continue
                 writer.write(doc)
                 kept += 1
-        write_json(join(job.output, f"ledger/{name}.json"), {"kept": kept, "removed": int(drop.size),
-                                                             "snippets": snippets, "source": source})
+        write_json(join(job.output, f"ledger/{index:05d}.json"),
+                   {"kept": kept, "removed": int(drop.size), "snippets": snippets, "source": source,
+                    "dedup_source": src, "removed_by_keeper_source": dict(sorted(by_keeper.items()))})
     return len(job.shards)
+
+
+def _shard_path(source: str, local: int) -> str:
+    return f"{source}/documents/{local:05d}.jsonl.zst" if source else f"documents/{local:05d}.jsonl.zst"
+
+
+# -- the outputs ------------------------------------------------------------------------------
+
+def _finish(config: DedupConfig, ctx: StepContext, names: tuple[str, ...], where: list[tuple[str, int]],
+            s3: dict[str, Any]) -> None:
+    per_source: dict[str, dict[str, Any]] = {name: {"shards": [], "kept": 0, "in": 0} for name, _ in config.sources()}
+    snippets: dict[str, Any] = {}
+    pairs: collections.Counter = collections.Counter()
+    for name, (src, local) in zip(names, where):
+        ledger = read_json(ctx.path(f"ledger/{name}.json"))
+        s = per_source[src]
+        s["shards"].append({"path": _shard_path(src, local), "documents": ledger["kept"]})
+        s["kept"] += ledger["kept"]
+        s["in"] += ledger["kept"] + ledger["removed"]
+        snippets.update(ledger["snippets"])
+        for keeper, n in ledger["removed_by_keeper_source"].items():
+            pairs[(src, keeper)] += n
+    kept = sum(s["kept"] for s in per_source.values())
+    total = sum(s["in"] for s in per_source.values())
+    report = dict(s3["report"], documents_in=total, documents_kept=kept, removed=total - kept)
+    report["example_pairs"] = [dict(p, first=snippets.get(str(p["first"])), second=snippets.get(str(p["second"])))
+                               for p in s3["examples"]]
+    multi = isinstance(config.documents, Mapping)
+    if multi:
+        report["by_source"] = {n: {"documents_in": s["in"], "documents_kept": s["kept"]} for n, s in per_source.items()}
+        # removals per pair of sources: "A <- B" counts documents of A removed for a keeper in B
+        report["removed_by_pair"] = {f"{a} <- {b}": n for (a, b), n in sorted(pairs.items())}
+    write_json(ctx.path("report.json"), report)
+    _write_duplicates(ctx, int(s3["groups"]))
+
+    licenses: dict[str, Any] = {}
+    firsts, first = [], 0
+    for name, spec in config.sources():
+        lic = folder_licenses(spec)  # the kept documents are under their sources' licences
+        licenses = union(licenses, lic)
+        s = per_source[name]
+        firsts.append({"name": name, "first_shard": first, "shards": len(s["shards"]),
+                       "documents_in": s["in"], "documents_kept": s["kept"]})
+        first += len(s["shards"])
+        if multi:  # each source's own folder: its documents, its licences only
+            write_json(ctx.path(name, MANIFEST), {
+                "format": DOCS_FORMAT, "documents": s["kept"], LICENSES_KEY: to_manifest(lic),
+                "shards": [dict(sh, path=sh["path"][len(name) + 1:]) for sh in s["shards"]]})
+    note_sources(ctx, licenses)
+    write_json(ctx.path("sources.json"), {"sources": firsts})
+    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": kept,
+                                    "shards": [sh for s in per_source.values() for sh in s["shards"]],
+                                    LICENSES_KEY: to_manifest(licenses)})
+    ctx.fs.rm(ctx.fs_path("work"), recursive=True)
+    ctx.results.update({k: v for k, v in report.items() if k not in ("example_pairs", "cluster_sizes", "by_source")})
+
+
+def _write_duplicates(ctx: StepContext, groups: int) -> None:
+    """`duplicates.npy`: the groups' drop files end to end (each sorted, the groups in shard
+    order, so the whole is sorted), streamed: one group in memory at a time."""
+    sizes = []
+    for g in range(groups):
+        fs, path = ctx.fs, ctx.fs_path(f"work/drop/{g:05d}.npy")
+        with fs.open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, _ = read(f)
+        sizes.append(shape[0])
+    with AtomicFile(ctx.path("duplicates.npy")) as out:
+        np.lib.format.write_array_header_1_0(out, {"descr": "<u8", "fortran_order": False, "shape": (sum(sizes), 2)})
+        for g in range(groups):
+            out.write(np.ascontiguousarray(load(ctx.path(f"work/drop/{g:05d}.npy")).astype("<u8")).tobytes())

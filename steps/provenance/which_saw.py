@@ -9,7 +9,9 @@ plan's prefix (a copied prefix answers from the copy):
 2. **dedup**: `duplicates.npy` (every removed global id, sorted, with its keeper's) says whether
    it survived; a removed document names the document it was merged with, and what follows is
    that keeper's exposure (its text is what reached training). A kept document's position in
-   its shard is its position less the removed documents before it (dedup keeps the order).
+   its shard is its position less the removed documents before it (dedup keeps the order). A
+   dedup of several sources numbers shards across them (`sources.json`: each source's first
+   shard), so the keeper may be in another source: then its chain below is that source's.
 3. **tokenize**: shard i is dedup's shard i; the shard's `offsets` (one int64 a document) give
    the token span, counted across the dataset's shards as the mixture counts them.
 4. **mixture**: `MixtureInverse` (steps/provenance/inverse.py) turns the span into the global
@@ -25,6 +27,7 @@ Torch-free and Ray-free: it reads JSON, numpy arrays and document shards.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -49,10 +52,12 @@ class Found:
     id: str
     shard: int
     position: int
+    source: str = ""  # set when it is not the source asked about (a keeper in another source)
+    first: int = 0  # the global number of its source's first shard, in dedup's id space
 
     @property
     def gid(self) -> int:
-        return (self.shard << 32) | self.position
+        return ((self.first + self.shard) << 32) | self.position
 
 
 @dataclass
@@ -96,7 +101,8 @@ class Answer:
             "ingested": {"shard": self.found.shard, "position": self.found.position},
             "survived_dedup": self.survived,
             "merged_with": None if self.keeper is None else {"id": self.keeper.id, "shard": self.keeper.shard,
-                                                             "position": self.keeper.position},
+                                                             "position": self.keeper.position,
+                                                             "source": self.keeper.source or self.source},
             "token_dataset": self.dataset, "document": self.document, "span": list(self.span),
             "sequences": self.sequences, "untrained_sequences": self.untrained,
             "training": [{"step": t.step, "phase": t.phase, "state": t.state, "optimizer_steps": t.steps,
@@ -117,7 +123,7 @@ class Answer:
             lines.append("  dedup      kept")
         else:
             k = self.keeper
-            lines.append(f"  dedup      removed: merged with {self.source}:{k.id} (shard {k.shard}, document "
+            lines.append(f"  dedup      removed: merged with {k.source or self.source}:{k.id} (shard {k.shard}, document "
                          f"{k.position}); below, what the keeper's tokens reached")
         lines.append(f"  tokens     {self.dataset}: document {self.document}, tokens {self.span[0]:,}..{self.span[1]:,} "
                      f"({self.span[1] - self.span[0]:,} tokens)")
@@ -175,8 +181,7 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     mixture_url = url(chain["mixture"])
     tokens_url = url(chain["tokenize"])
     dedup_url = url(chain["dedup"]) if "dedup" in chain else None
-    scanned = _input_url(plan, chain["dedup"].step.config.documents) if "dedup" in chain else tokens_documents(
-        plan, chain["tokenize"])
+    scanned = _input_url(plan, chain["documents"]) if "dedup" in chain else tokens_documents(plan, chain["tokenize"])
     if "ingest" in chain:
         url(chain["ingest"])
     shards = document_shards(scanned)
@@ -189,13 +194,17 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
 
     keeper, position = None, found.position
     if dedup_url is not None:
+        firsts = _first_shards(dedup_url)
+        found.first = firsts.get(chain.get("dedup_source", ""), 0)
         removed, keepers = _duplicates(dedup_url)
         at = int(np.searchsorted(removed, found.gid))
         if at < removed.size and int(removed[at]) == found.gid:
-            gid = int(keepers[at])
-            keeper = document_at(shards, gid >> 32, gid & 0xFFFFFFFF)
+            keeper = _keeper(plan, chain, firsts, int(keepers[at]), shards, found.first)
+            if keeper.source:  # in another source: follow that source's tokens from here
+                chain = _chain(plan, _dataset_of(plan, chain, keeper.source))
+                tokens_url, mixture_url = url(chain["tokenize"]), url(chain["mixture"])
         target = keeper or found
-        before = int(np.searchsorted(removed, target.gid)) - int(np.searchsorted(removed, target.shard << 32))
+        before = int(np.searchsorted(removed, target.gid)) - int(np.searchsorted(removed, (target.first + target.shard) << 32))
         position = target.position - before
     shard = (keeper or found).shard
 
@@ -246,12 +255,47 @@ def _chain(plan: Plan, source: str) -> dict[str, Any]:
     docs = _producer(plan, tok.step.config.documents)
     if docs is not None and docs.step.type.name == "dedup":
         chain["dedup"] = docs
-        docs = _producer(plan, docs.step.config.documents)
+        chain["documents"] = docs.step.config.documents
+        if isinstance(chain["documents"], dict):  # several sources: tokenize reads one source's folder
+            chain["dedup_source"] = tok.step.config.documents.subpath
+            chain["documents"] = chain["documents"][chain["dedup_source"]]
+        docs = _producer(plan, chain["documents"])
     if docs is not None and docs.step.type.name == "ingest":
         chain["ingest"] = docs
     chain["training"] = [n for n in plan.dag if n.step.type.name in TRAINING_TYPES
                          and _producer(plan, n.step.config.data.mixture) is mix]
     return chain
+
+
+def _first_shards(dedup_url: str) -> dict[str, int]:
+    """{dedup source: its first global shard} ({"": 0} for an output of one source)."""
+    try:
+        return {s["name"]: int(s["first_shard"]) for s in read_json(join(dedup_url, "sources.json"))["sources"]}
+    except FileNotFoundError:  # written before dedup covered several sources: one source from 0
+        return {"": 0}
+
+
+def _keeper(plan: Plan, chain: dict[str, Any], firsts: dict[str, int], gid: int, shards: list[str],
+            first: int) -> Found:
+    """The document a removed one was merged with, in whichever source of the dedup holds it."""
+    shard, position = gid >> 32, gid & 0xFFFFFFFF
+    source = max((f, n) for n, f in firsts.items() if f <= shard)[1]
+    if source == chain.get("dedup_source", ""):
+        return dataclasses.replace(document_at(shards, shard - first, position), first=first)
+    other = document_shards(_input_url(plan, chain["dedup"].step.config.documents[source]))
+    found = document_at(other, shard - firsts[source], position)
+    return dataclasses.replace(found, source=source, first=firsts[source])
+
+
+def _dataset_of(plan: Plan, chain: dict[str, Any], source: str) -> str:
+    """The mixture dataset whose tokens come from `source`'s folder of the chain's dedup."""
+    for name, value in chain["mixture"].step.config.datasets.items():
+        tok = _producer(plan, value)
+        docs = tok.step.config.documents if tok is not None and tok.step.type.name == "tokenize" else None
+        if isinstance(docs, InputRef) and docs.step_name == chain["dedup"].name and docs.subpath == source:
+            return name
+    raise VoyageError(f"--which-saw: the keeper is in source {source!r} of {chain['dedup'].name}, whose tokens "
+                      f"no dataset of {chain['mixture'].name} reads")
 
 
 def _producer(plan: Plan, value: Any) -> Any:

@@ -149,7 +149,7 @@ def test_the_nvidia_source_routed_into_an_open_only_step_exits_2_before_anything
     assert len(err.splitlines()) == 1
     assert ("licence policy of step 'pretrain/public' (open licences only): source 'raw/nemotron-cc' under "
             "'NVIDIA data agreement <https://data.commoncrawl.org/contrib/Nemotron/Nemotron-CC/index.html>' "
-            "reaches it via raw/nemotron-cc -> dedup/nemotron-cc -> tokenized/nemotron-cc -> mixture/535b -> "
+            "reaches it via raw/nemotron-cc -> dedup/common-crawl -> tokenized/nemotron-cc -> mixture/535b -> "
             "pretrain/public") in err
     assert "other sources: tokenizer/llama3 (Llama 3.1 Community License)" in err
     assert not prefix.exists()

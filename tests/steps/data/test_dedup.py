@@ -143,3 +143,62 @@ def test_ingest_dedup_tokenize_on_a_memory_filesystem():
         assert ds.num_documents == 30 and ds.document(0)[0] == 0
     finally:
         fs.rm("/memdata", recursive=True)
+
+
+# -- several sources in one id space ------------------------------------------------------------
+
+def _ingested(tmp_path, name, docs, license_id):
+    from executor import License
+    from steps.data.ingest import IngestConfig, ingest
+
+    raw = tmp_path / f"raw-{name}.jsonl"
+    raw.write_text("".join(__import__("json").dumps(d) + "\n" for d in docs))
+    ctx = StepContext(name=f"raw/{name}", output=str(tmp_path / f"ingest-{name}"), digest="0" * 64)
+    ingest(IngestConfig(input=str(raw), max_docs_per_shard=7, license=License(license_id)), ctx)
+    return ctx.output
+
+
+def test_cross_source_dedup_keeps_sources_apart_but_finds_their_overlap(tmp_path):
+    """Two sources deduplicated together: one id space (the same clusters as one folder of both
+    sources' shards), a keeper in the other source, removals per pair of sources, and each
+    source's own folder, manifest and licence."""
+    rng = random.Random(5)
+    base = [" ".join(_words(rng, 200)) for _ in range(30)]
+    web_a = [{"id": f"a{i}", "text": t} for i, t in enumerate(base[:20])]
+    web_a.append({"id": "a-copy-a3", "text": base[3]})
+    web_b = [{"id": f"b{i}", "text": t} for i, t in enumerate(base[20:])]
+    web_b += [{"id": "b-copy-a5", "text": base[5]},
+              {"id": "b-near-a7", "text": " ".join(_variant(base[7].split(), rng, 0.99))},
+              {"id": "b-copy-b2", "text": base[22]}]
+    a = _ingested(tmp_path, "web-a", web_a, "CC-BY-4.0")
+    b = _ingested(tmp_path, "web-b", web_b, "ODC-By-1.0")
+
+    ctx = StepContext(name="dedup/web", output=str(tmp_path / "both"), digest="0" * 64)
+    dedup(DedupConfig(documents={"web-b": b, "web-a": a}), ctx)  # ids follow the names: web-a first
+    r = ctx.results
+    assert r["removed"] == 4 and r["removed_by_pair"] == {"web-a <- web-a": 1, "web-b <- web-a": 2,
+                                                          "web-b <- web-b": 1}
+    kept = {s: [d["id"] for sh in read_json(ctx.path(s, "manifest.json"))["shards"]
+                for d in iter_documents(ctx.path(s, sh["path"]))] for s in ("web-a", "web-b")}
+    assert "a5" in kept["web-a"] and "b-copy-a5" not in kept["web-b"] and "b-near-a7" not in kept["web-b"]
+    assert len(kept["web-a"]) == 20 and len(kept["web-b"]) == 10
+    assert list(read_json(ctx.path("web-a", "manifest.json"))["licenses"].values())[0]["id"] == "CC-BY-4.0"
+    assert list(read_json(ctx.path("web-b", "manifest.json"))["licenses"].values())[0]["id"] == "ODC-By-1.0"
+    root = read_json(ctx.path("manifest.json"))
+    assert root["documents"] == 30 and len(root["licenses"]) == 2
+    report = read_json(ctx.path("report.json"))
+    assert report["by_source"]["web-b"] == {"documents_in": 13, "documents_kept": 10}
+    firsts = {s["name"]: s["first_shard"] for s in read_json(ctx.path("sources.json"))["sources"]}
+    assert firsts["web-a"] == 0 and firsts["web-b"] == 3  # 21 documents, 7 a shard
+
+    # the same clusters as one id space given by hand: both sources' shards in name order
+    one = StepContext(name="t", output=str(tmp_path / "one"), digest="0" * 64)
+    from steps.data.formats import document_shards
+    dedup(DedupConfig(documents=document_shards(a) + document_shards(b)), one)
+    assert np.array_equal(np.load(ctx.fs_path("duplicates.npy")), np.load(one.fs_path("duplicates.npy")))
+
+
+def test_a_bad_source_name_is_a_voyage_error():
+    for bad in ({}, {"": "x"}, {"a/b": "x"}, {".hidden": "x"}):
+        with pytest.raises(VoyageError):
+            DedupConfig(documents=bad)

@@ -228,11 +228,14 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
     from executor.plan import Selection
 
     sources, planted = [], {}
+    kjv = list(iter_documents(os.path.join(ROOT, v535.LAPTOP_SOURCES[0].url)))[:40]
     for src in v535.LAPTOP_SOURCES:
         docs = list(iter_documents(os.path.join(ROOT, src.url)))[:40]
         dup = dict(docs[7], id=f"{src.name}/copy-of-{docs[7]['id']}")
         docs.insert(30, dup)
         docs.append({"id": docs[3]["id"], "text": f"A text of its own, under the id of {src.name}'s fourth document."})
+        if src.name == "pydocs":  # one dedup covers both sources: a copy of a kjv document is merged with it
+            docs.append(dict(kjv[11], id="pydocs/copy-of-kjv"))
         planted[src.name] = (dup["id"], docs[7]["id"])
         path = tmp_path / f"{src.name}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -269,6 +272,12 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
         assert twice.found.position == 3 and [(f.shard, f.position) for f in twice.also] == [(0, 41)]
         assert "the id is not unique: also shard 0 document 41" in twice.describe()
     assert max(sampler.manifest["epochs"].values()) > 1
+    # the keeper in another source: its chain (tokens, mixture dataset) is that source's
+    cross, original = which_saw(plan, "pydocs", "pydocs/copy-of-kjv"), which_saw(plan, "kjv", kjv[11]["id"])
+    assert not cross.survived and cross.keeper.source == "kjv" and cross.keeper.id == kjv[11]["id"]
+    assert (cross.dataset, cross.span, cross.sequences) == ("tokenized/kjv", original.span, original.sequences)
+    assert f"removed: merged with kjv:{kjv[11]['id']}" in cross.describe()
+    assert cross.to_json()["merged_with"]["source"] == "kjv"
 
 
 def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
@@ -284,7 +293,7 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
     for name in ("raw", "dedup", "tokenized", "mixture", "pretrain", "midtrain"):
         shutil.copytree(os.path.join(lv.prefix, name), os.path.join(copy, name), symlinks=True)
     plan = plan_steps(lv.module.voyage(lv.config), copy)
-    os.remove(os.path.join(copy, Store(copy).served_dir(plan.dag["dedup/kjv"].dirname), "duplicates.npy"))
+    os.remove(os.path.join(copy, Store(copy).served_dir(plan.dag["dedup/corpus"].dirname), "duplicates.npy"))
     with pytest.raises(VoyageError, match=r"duplicates.npy is missing, though its step is marked done"):
         which_saw(plan, "kjv", "kjv/Ge1")
     offsets = os.path.join(copy, Store(copy).served_dir(plan.dag["tokenized/pydocs"].dirname), "shards", "00000.offsets")

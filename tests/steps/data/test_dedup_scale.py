@@ -1,0 +1,210 @@
+"""dedup at scale: the passes on sorted runs give today's clusters, and a pass-2 task's memory
+depends on its key range, not on the corpus (the single-process pass 2 it replaced, kept here as
+the reference, grows with the corpus: the test can fail)."""
+
+import hashlib
+import random
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from executor import StepContext
+from steps.data.dedup import DedupConfig, connected_components, dedup
+from steps.data.dedup_components import components, load, save
+from steps.data.dedup_pairs import PairJob, pair_task
+from steps.data.dedup_runs import MIN_CHUNK, key_ranges, sort_section, write_run
+from steps.data.formats import iter_text_batches, write_documents
+from steps.data.minhash import MinHasher, band_keys
+
+# -- the algorithm of main before this change, in one process (the reference) -----------------
+
+
+def old_bucket_pairs(gid, same, chain):
+    """main's `_bucket_pairs`: pairs within runs of equal keys, each with the run's first member
+    and, when `chain`, with its predecessor."""
+    if gid.size < 2:
+        return np.zeros((0, 2), np.uint64)
+    idx = np.arange(gid.size)
+    new_run = np.concatenate([[True], ~same])
+    first = np.maximum.accumulate(np.where(new_run, idx, 0))
+    member = np.flatnonzero(~new_run)
+    pairs = [np.stack([gid[first[member]], gid[member]], axis=1)]
+    if chain:
+        later = member[first[member] != member - 1]
+        pairs.append(np.stack([gid[later - 1], gid[later]], axis=1))
+    return np.sort(np.concatenate(pairs).astype(np.uint64), axis=1)
+
+
+def old_band_pairs(keys_per_shard, chain=False):
+    """main's pass 2 for one band: every shard's keys loaded, concatenated and sorted at once."""
+    keys = [np.asarray(k) for k in keys_per_shard]
+    gids = [(np.uint64(i) << np.uint64(32)) | np.arange(len(k), dtype=np.uint64) for i, k in enumerate(keys)]
+    key, gid = np.concatenate(keys), np.concatenate(gids)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    return old_bucket_pairs(gid[order], key[1:] == key[:-1], chain)
+
+
+def old_dedup(shard_urls, cfg):
+    """main's clusters: {removed gid: keeper gid}."""
+    hasher = MinHasher(num_perm=cfg.bands * cfg.rows, ngram=cfg.ngram, seed=cfg.seed)
+    hashes, keys, sigs = [], [], []
+    for i, url in enumerate(shard_urls):
+        texts = [t for batch in iter_text_batches(url, 1000) for t in batch]
+        hashes.append(np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16)
+                                             .digest() for t in texts), dtype=np.uint64).reshape(-1, 2))
+        sig, has = hasher.signatures(texts)
+        k = band_keys(sig, cfg.bands, cfg.rows)
+        gid = (np.uint64(i) << np.uint64(32)) | np.arange(len(texts), dtype=np.uint64)
+        k[~has] = ~gid[~has, None]
+        keys.append(k)
+        sigs.append(sig)
+    pairs = []
+    if cfg.exact:
+        h = np.concatenate(hashes)
+        gid = np.concatenate([(np.uint64(i) << np.uint64(32)) | np.arange(len(x), dtype=np.uint64)
+                              for i, x in enumerate(hashes)])
+        order = np.lexsort((h[:, 1], h[:, 0]))
+        h = h[order]
+        pairs.append(old_bucket_pairs(gid[order], np.all(h[1:] == h[:-1], axis=1), chain=False))
+    verify = cfg.verify_threshold is not None
+    fuzzy = np.unique(np.concatenate([old_band_pairs([k[:, b] for k in keys], chain=verify)
+                                      for b in range(cfg.bands)]), axis=0)
+    if verify and len(fuzzy):
+        sig = {i: s for i, s in enumerate(sigs)}
+        a, b = fuzzy[:, 0], fuzzy[:, 1]
+        est = np.array([(sig[int(x >> 32)][int(x & 0xFFFFFFFF)] == sig[int(y >> 32)][int(y & 0xFFFFFFFF)]).mean()
+                        for x, y in zip(a, b)])
+        fuzzy = fuzzy[est >= cfg.verify_threshold]
+    nodes, keeper = connected_components(np.concatenate(pairs + [fuzzy]))
+    return {int(n): int(k) for n, k in zip(nodes, keeper) if n != k}
+
+
+# -- a corpus with many clusters, chains and exact copies across shards ------------------------
+
+
+def _words(rng, n):
+    return [f"w{rng.randrange(10**6)}" for _ in range(n)]
+
+
+def _variant(words, rng, keep):
+    return [w if rng.random() < keep else f"v{rng.randrange(10**6)}" for w in words]
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    rng = random.Random(7)
+    docs = []
+    for c in range(40):
+        base = _words(rng, 120)
+        docs.append(base)
+        prev = base
+        for _ in range(rng.randrange(0, 5)):  # near copies, some of a copy (chains drift away)
+            prev = _variant(prev if rng.random() < 0.5 else base, rng, rng.choice([0.8, 0.9, 0.95, 0.99]))
+            docs.append(prev)
+        if c % 7 == 0:
+            docs.append(list(base))  # an exact copy
+    docs += [_words(rng, 120) for _ in range(60)]
+    docs += [["!!!"], ["..."], _words(rng, 2), _words(rng, 2)]  # no shingles; shorter than n
+    rng.shuffle(docs)
+    root = tmp_path_factory.mktemp("many")
+    urls = []
+    for k in range(5):
+        url = str(root / f"in/{k}.jsonl.zst")
+        write_documents(url, [{"id": f"s{k}-{i}", "text": " ".join(w)} for i, w in enumerate(docs[k::5])])
+        urls.append(url)
+    return root, urls
+
+
+def _clusters(ctx):
+    dup = np.load(ctx.fs_path("duplicates.npy"))
+    return {int(a): int(b) for a, b in dup}
+
+
+@pytest.mark.parametrize("verify", [0.7, None])
+def test_same_clusters_as_the_single_process_algorithm(many, verify):
+    """Many small pass-2 ranges and pass-3 partitions, or one of each: main's clusters exactly."""
+    root, urls = many
+    cfg = DedupConfig(documents=str(root / "in"), verify_threshold=verify)
+    want = old_dedup(urls, cfg)
+    assert len(want) > 30 and len(set(want.values())) > 15  # many clusters: the test can tell
+    for keys, pairs in ((80, 200), (1 << 20, 1 << 22)):
+        ctx = StepContext(name="t", output=str(root / f"out-{verify}-{keys}"), digest="0" * 64)
+        dedup(DedupConfig(documents=str(root / "in"), verify_threshold=verify, keys_per_task=keys,
+                          pairs_per_task=pairs), ctx)
+        assert _clusters(ctx) == want
+        if keys == 50:
+            assert ctx.results["pass2_tasks"] > 29 and ctx.results["pass3_partitions"] > 1
+    assert ctx.results["removed"] == len(want)
+
+
+def test_components_match_union_find_on_random_graphs(tmp_path):
+    """Large-star/small-star over 1, 3 or 7 partitions: every component's smallest id keeps it."""
+    rng = np.random.default_rng(0)
+    for trial, parts in enumerate((1, 3, 7)):
+        nodes = rng.choice(2**40, 400, replace=False).astype(np.uint64)
+        pairs = nodes[rng.integers(0, 400, (500, 2))]
+        chain = nodes[:60][::-1]  # a long path, ids decreasing along it
+        pairs = np.concatenate([pairs, np.stack([chain[:-1], chain[1:]], axis=1)])
+        files = []
+        for i, piece in enumerate(np.array_split(pairs, 4)):
+            files.append(str(tmp_path / f"{trial}/pairs/{i}.npy"))
+            save(files[-1], piece)
+        out = components(lambda fn, items, res: [fn(x) for x in items], str(tmp_path / f"{trial}/cc"),
+                         str(tmp_path / f"{trial}/drop"), files, parts, shards=2**8, shards_per_group=2**6)
+        got = np.concatenate([load(str(tmp_path / f"{trial}/drop/{g:05d}.npy")) for g in range(out["groups"])])
+        n, k = connected_components(np.sort(pairs, axis=1))
+        want = {int(a): int(b) for a, b in zip(n, k) if a != b}
+        assert {int(a): int(b) for a, b in got} == want
+        assert (np.diff(got[:, 0].astype(np.float64)) > 0).all()  # sorted by removed id
+
+
+# -- memory: a pass-2 task holds its key range, not the corpus ---------------------------------
+
+RUNS, BASE, WIDTH = 4, 4000, 8
+
+
+def _synthetic_runs(root, docs):
+    """RUNS pass-1 tasks (each run holds a task's shards, so more documents make longer runs, not
+    more of them): one band's keys (1% of documents share a key with another) as sorted runs, and
+    as main's key files."""
+    rng = np.random.default_rng(docs)
+    keys = rng.integers(0, 2**64, docs, dtype=np.uint64)
+    copy = rng.choice(docs, docs // 100, replace=False)
+    keys[copy] = keys[rng.integers(0, docs, copy.size)]
+    pay = rng.integers(0, 2**32, (docs, WIDTH), dtype=np.uint32)
+    runs, old = [], []
+    for i, part in enumerate(np.array_split(np.arange(docs), RUNS)):
+        gid = (np.uint64(i) << np.uint64(32)) | np.arange(part.size, dtype=np.uint64)
+        url = str(root / f"runs/{i:05d}.bands")
+        write_run(url, [sort_section(keys[part], gid, pay[part])])
+        runs.append((url, int(part.size)))
+        old.append(keys[part][None, :])
+    return tuple(runs), old
+
+
+def _peak(fn, *args):
+    tracemalloc.start()
+    try:
+        fn(*args)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_pass2_memory_is_flat_in_the_corpus_size_and_the_old_pass_is_not(tmp_path):
+    keys_per_task = 1000  # the task budget: records of a section per task
+    new, old = {}, {}
+    for scale in (1, 4, 16):
+        docs = BASE * scale
+        runs, old_keys = _synthetic_runs(tmp_path / str(scale), docs)
+        ranges = key_ranges(-(-docs // keys_per_task))
+        chunk = max(MIN_CHUNK, keys_per_task // len(runs))  # as dedup sizes it
+        peaks = [_peak(pair_task, PairJob(str(tmp_path / str(scale)), 0, r, lo, hi, runs, WIDTH, 0.5, chunk=chunk))
+                 for r, (lo, hi) in enumerate(ranges)]
+        new[scale] = max(peaks)
+        old[scale] = _peak(old_band_pairs, [k[0] for k in old_keys], True)
+    print("pass-2 task peak bytes, new:", new, "old:", old)
+    assert max(new.values()) <= 1.25 * min(new.values()), new
+    assert old[16] >= 10 * old[1], old  # main's pass 2 grows with the corpus (~16x)
