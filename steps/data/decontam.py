@@ -6,8 +6,8 @@ with any text of an eval set the voyage reports is contaminated for that set, an
 
 Normalisation (`words`): lower-cased, words are the runs of letters and digits (any script), so
 punctuation, markup and whitespace do not hide a match. An n-gram is n consecutive words, hashed
-to 64 bits (each word by blake2b, the window by a polynomial over the word hashes, uint64
-arithmetic wrapping on purpose): at 1e10 training n-grams against 1e8 eval n-grams a false match
+to 64 bits (each word by a mixed polynomial over its bytes, the window by a polynomial over the
+word hashes, uint64 arithmetic wrapping on purpose; `NgramHasher`): at 1e10 training n-grams against 1e8 eval n-grams a false match
 by collision is ~5e-2 expected in the whole corpus, against real matches in the thousands.
 
 An eval text shorter than n words has no n-gram: it is counted (`too_short` in the record),
@@ -32,7 +32,6 @@ Passes and memory:
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
 import json
 import posixpath
@@ -53,8 +52,10 @@ CONTAMINATED = "contaminated.jsonl"
 EVALS = "evals.npz"
 MAX_SETS = 64  # one bit each in a uint64 mask
 BATCH = 256  # documents hashed and looked up together (numpy over the batch; memory: the batch)
-_PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so the polynomial is a bijection per word
+_PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so invertible mod 2^64
+_PRIME_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 _WORD = re.compile(r"[^\W_]+")
+_SEPARATORS = re.compile(r"[\W_]+")  # what is not a word: words() and the hasher agree
 
 
 @dataclass(frozen=True)
@@ -109,45 +110,68 @@ def words(text: str) -> list[str]:
 
 
 class NgramHasher:
-    """64-bit hashes of the n-grams of texts, a batch of texts at a time (numpy over the batch,
-    not a call per document); word hashes are cached (a shard's vocabulary, bounded)."""
+    """64-bit hashes of the n-grams of texts, a batch of texts at a time, in numpy over the batch's
+    bytes (no Python work per word): each word is a polynomial hash of its UTF-8 bytes, computed
+    for all words at once from prefix sums (`h[s:e] = P^(e-1) * (S[e-1] - S[s-1])` with `S` the
+    prefix sum of `b_j * P^-j`: P is odd, so invertible mod 2^64), then mixed (splitmix64's
+    finalizer) so that its low bits are as good as its high ones."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._cache: dict[str, int] = {}
+        self._pow = np.ones(1, dtype=np.uint64)  # P^i
+        self._inv = np.ones(1, dtype=np.uint64)  # P^-i
 
-    def word_hashes(self, ws: list[str]) -> np.ndarray:
-        cache = self._cache
-        get = cache.get
-        out = [get(w) for w in ws]
-        if None in out:
-            for i, h in enumerate(out):
-                if h is None:
-                    w = ws[i]
-                    out[i] = cache[w] = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
-        if len(cache) > 1 << 18:  # bounded (~30 MB): a shard of rare words must not grow it without end
-            cache.clear()
-        return np.array(out, dtype=np.uint64)
+    def _powers(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._pow.size < size:
+            grown = max(size, 2 * self._pow.size)
+            one = np.ones(1, dtype=np.uint64)  # not a Python 1: int64 with uint64 would promote to float64
+            self._pow = np.concatenate((one, np.cumprod(np.full(grown - 1, _PRIME, dtype=np.uint64), dtype=np.uint64)))
+            self._inv = np.concatenate((one, np.cumprod(np.full(grown - 1, _PRIME_INV, dtype=np.uint64), dtype=np.uint64)))
+        return self._pow[:size], self._inv[:size]
+
+    def word_hashes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the hash of every normalised word of the batch, in order; the text each is in)."""
+        encoded = [_SEPARATORS.sub(" ", t.lower()).strip(" ").encode() for t in texts]
+        buf = np.frombuffer(b" ".join(encoded), dtype=np.uint8)
+        if not buf.size:
+            return np.empty(0, np.uint64), np.empty(0, np.int64)
+        space = buf == 32
+        word = ~space
+        first = np.flatnonzero(word & np.concatenate(([True], space[:-1])))
+        last = np.flatnonzero(word & np.concatenate((space[1:], [True])))  # each word's last byte
+        pw, inv = self._powers(buf.size)
+        prefix = np.cumsum(buf.astype(np.uint64) * inv, dtype=np.uint64)
+        before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], np.uint64(0))
+        h = pw[last] * (prefix[last] - before) + (last - first + 1).astype(np.uint64)
+        starts = np.cumsum(np.array([0] + [len(e) + 1 for e in encoded[:-1]], dtype=np.int64))
+        owner = np.searchsorted(starts, first, side="right") - 1
+        return _mix(h), owner
 
     def batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(hashes of every n-gram of every text, the index of the text each belongs to); a text
         of fewer than n words has none."""
-        per = [words(t) for t in texts]
-        lens = np.fromiter((len(w) for w in per), dtype=np.int64, count=len(per))
-        flat = self.word_hashes([w for ws in per for w in ws])
+        flat, words_owner = self.word_hashes(texts)
         count = flat.size - self.n + 1
         if count <= 0:
             return np.empty(0, np.uint64), np.empty(0, np.int64)
         h = np.zeros(count, dtype=np.uint64)
         for i in range(self.n):  # uint64 arrays wrap silently: the polynomial is mod 2^64
             h = h * _PRIME + flat[i:i + count]
-        owner = np.repeat(np.arange(len(texts), dtype=np.int64), lens)
-        inside = owner[:count] == owner[self.n - 1:]  # the window starts and ends in the same text
-        return h[inside], owner[:count][inside]
+        inside = words_owner[:count] == words_owner[self.n - 1:]  # the window starts and ends in one text
+        return h[inside], words_owner[:count][inside]
 
     def ngrams(self, text: str) -> np.ndarray:
         """The hashes of every n-gram of `text` (empty if it has fewer than n words)."""
         return self.batch([text])[0]
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, over an array."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 @dataclass

@@ -27,6 +27,13 @@ def test_ngrams_are_normalised_and_short_texts_are_counted():
     assert index.matches(h.ngrams("Intro.\n" + PSALM.upper().replace(";", " --"))) == ["psalm"]
     assert index.matches(h.ngrams(" ".join(PSALM.split()[:12]) + " and then something else entirely")) == []
     assert index.matches(h.ngrams("")) == []
+    # a text hashes the same alone and anywhere in a batch, its words as words() splits them
+    alone = NgramHasher(13).ngrams(PSALM)
+    grams, owner = NgramHasher(13).batch(["x " * 5000, "", "!!", PSALM + " " + PSALM])
+    assert alone.size == 13 and np.array_equal(grams[owner == 3][:13], alone) and set(owner.tolist()) == {0, 3}
+    text = "Hello, WORLD! naïve_café 東京 x2  ,, a"
+    hashes, _ = h.word_hashes([text, text.upper()])
+    assert hashes.size == 2 * len(words(text)) and np.array_equal(hashes[:7], hashes[7:])
     with pytest.raises(VoyageError, match="exactly one of"):
         EvalSet("x")
     with pytest.raises(VoyageError, match="mode"):
