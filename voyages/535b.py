@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor import InputRef, License, LicensePolicy, Resources, RetryPolicy, Step, VoyageError, output_of
+from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
 from steps.data.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
@@ -45,7 +46,7 @@ from steps.scale.plan import Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
 from steps.train.watchdog import WatchdogConfig
-from steps.train.eval import EvalConfig, evaluate
+from steps.train.eval import EvalConfig, HarnessConfig, evaluate
 from steps.train.pretrain import midtrain, pretrain
 
 REPO = Path(__file__).resolve().parents[1]  # the laptop corpus's relative paths start here
@@ -94,6 +95,17 @@ FULL_SOURCES = (
            0.008),
 )
 
+# Held-out documents the eval step reports loss on (EvalConfig.datasets) and decontamination
+# removes from training (steps/data/decontam.py). The mixture's never-drawn windows, which eval
+# also reports, cannot be a decontamination input: they are cut from the decontaminated data
+# (docs/design.md "Decontamination").
+FULL_HELDOUT = Source("heldout", f"{RAW}/paloma-1.5/**/*.jsonl.gz", 0.0,
+                      License("AI2 ImpACT low-risk licence", url="https://allenai.org/licenses/impact-lr"), 0.0, 0.0)
+# lm-eval-harness tasks the full eval runs, so decontamination removes their text from training too
+FULL_TASKS = ("arc_challenge", "arc_easy", "hellaswag", "mmlu", "piqa", "winogrande")
+LAPTOP_HELDOUT = Source("heldout", "data/evals/heldout_passages.jsonl", 0.0,
+                        License("KJV and Python docs excerpts", url="data/evals/SOURCE.md"), 0.0, 0.0)
+
 LAPTOP_SOURCES = (
     # deduplicated together, as the full voyage's Common-Crawl sources are
     Source("kjv", "data/corpus/kjv.jsonl.zst", 1.2e6, License("public domain", url="https://www.gutenberg.org/ebooks/10"),
@@ -118,6 +130,8 @@ class Scale:
     tokenizer_vocab: int
     optimizer: OptimizerConfig
     checkpoint_every: int
+    heldout: Source  # held-out documents: evaluated, and decontaminated against
+    eval_tasks: tuple[str, ...] = ()  # lm-eval tasks eval runs (and decontamination removes)
     eval_parallel: ParallelConfig = ParallelConfig()  # how eval's workers shard the model
 
     @property
@@ -139,6 +153,7 @@ FULL = Scale(
     tokenizer_vocab=128_256,
     optimizer=OptimizerConfig(lr=2.2e-4, warmup_steps=2000, min_lr_ratio=0.1, weight_decay=0.1),
     checkpoint_every=500,
+    heldout=FULL_HELDOUT, eval_tasks=FULL_TASKS,
 )
 
 # The laptop recipe of docs/training.md ("Laptop settings"): 400 steps of 32 sequences of 64 + 1
@@ -151,6 +166,7 @@ LAPTOP = Scale(
     data_resources=Resources(cpus=1), eval_resources=Resources(cpus=1), tokenizer_vocab=512,
     optimizer=OptimizerConfig(lr=1e-2, warmup_steps=30, min_lr_ratio=0.1),
     checkpoint_every=100,
+    heldout=LAPTOP_HELDOUT,
 )
 
 
@@ -188,25 +204,30 @@ def scale_of(config: VoyageConfig) -> Scale:
 
 def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
     """The tokenizer step and, per source, its tokenized dataset."""
+    tok, tokenized, _heldout = data_and_heldout(config)
+    return tok, tokenized
+
+
+def data_and_heldout(config: VoyageConfig) -> tuple[Step, dict[str, Step], Step]:
+    """The tokenizer step, per source its tokenized dataset, and the tokenized held-out set."""
     scale = scale_of(config)
-    raws = {src.name: Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field,
-                                                                     root=str(REPO), license=src.license),
-                           resources=scale.data_resources)
-            for src in scale.sources}
+    heldout_raw = _ingest(scale, scale.heldout)
+    raws = {src.name: _ingest(scale, src) for src in scale.sources}
     groups: dict[str, list[Source]] = {}
     for src in scale.sources:
         groups.setdefault(src.dedup_group or src.name, []).append(src)
-    docs: dict[str, InputRef] = {}  # source -> its deduplicated documents
+    deduped: dict[str, InputRef] = {}  # source -> its deduplicated documents
     for group, members in groups.items():
         if len(members) == 1 and not members[0].dedup_group:
             dd = Step(f"dedup/{group}", dedup, DedupConfig(documents=output_of(raws[group]), seed=config.seed),
                       resources=scale.data_resources)
-            docs[group] = output_of(dd)
+            deduped[group] = output_of(dd)
             continue
         dd = Step(f"dedup/{group}", dedup, DedupConfig(documents={s.name: output_of(raws[s.name]) for s in members},
                                                        seed=config.seed), resources=scale.data_resources)
-        docs.update({s.name: output_of(dd, s.name) for s in members})
-    docs = {src.name: docs[src.name] for src in scale.sources}  # the sources' order
+        deduped.update({s.name: output_of(dd, s.name) for s in members})
+    # the sources' order; each source decontaminated on its own after dedup
+    docs = {src.name: output_of(decontam_step(scale, src.name, deduped[src.name])) for src in scale.sources}
     if config.laptop:
         tok = Step("tokenizer/bpe-512", train_tokenizer,
                    TrainTokenizerConfig(documents=tuple(docs.values()),
@@ -220,7 +241,28 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
                    TokenizeConfig(documents=d, tokenizer=output_of(tok), bos=None, eos=_eos(config)),
                    resources=scale.data_resources)
         for name, d in docs.items()}
-    return tok, tokenized
+    heldout = Step(f"tokenized/{scale.heldout.name}", tokenize,
+                   TokenizeConfig(documents=output_of(heldout_raw), tokenizer=output_of(tok), bos=None,
+                                  eos=_eos(config)), resources=scale.data_resources)
+    return tok, tokenized, heldout
+
+
+def _ingest(scale: Scale, src: Source) -> Step:
+    return Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO),
+                                                          license=src.license),
+                resources=scale.data_resources)
+
+
+def decontam_step(scale: Scale, name: str, documents: InputRef) -> Step:
+    """Remove from a source the documents sharing a 13-gram with what eval reports: the held-out
+    documents and the lm-eval tasks. The held-out files are read as given, not through their
+    ingest step: no held-out text reaches the output, so its licence must not flow into training
+    (executor/lineage.py follows every edge)."""
+    evals = (EvalSet(scale.heldout.name, documents=scale.heldout.url),
+             *(EvalSet(task, task=task) for task in scale.eval_tasks))
+    return Step(f"decontam/{name}", decontaminate,
+                DecontamConfig(documents=documents, evals=evals, root=str(REPO)),
+                resources=scale.data_resources)
 
 
 def _eos(config: VoyageConfig) -> str:
@@ -279,7 +321,7 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
     return trainer, dataclasses.replace(scale.train_resources, workers=m.ranks)
 
 
-def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
+def training_steps(config: VoyageConfig, mix: Step, heldout: Step) -> list[Step]:
     """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
     the Hugging Face export of the midtrained model, and the model card of both."""
     scale = scale_of(config)
@@ -294,7 +336,9 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
                retry=RetryPolicy(max_node_failures=10))
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
                resources=resources, retry=RetryPolicy(max_node_failures=10))
-    ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid), parallel=scale.eval_parallel),
+    harness = HarnessConfig(tasks=scale.eval_tasks) if scale.eval_tasks else None
+    ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid), parallel=scale.eval_parallel,
+                                                   datasets={scale.heldout.name: output_of(heldout)}, harness=harness),
               resources=scale.eval_resources)
     # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
     # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
@@ -312,13 +356,14 @@ def training_steps(config: VoyageConfig, mix: Step) -> list[Step]:
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
-    """Sources -> ingest -> dedup -> tokenize -> mixture -> pretrain -> midtrain -> eval, export. At full
+    """Sources -> ingest -> dedup -> decontaminate -> tokenize -> mixture -> pretrain -> midtrain -> eval
+    (also on the held-out set), export. At full
     scale the training step's mesh is planned first: a plan that does not divide or fit stops
     the voyage here (VoyageError: exit 2)."""
     scale = scale_of(config)
-    _tok, tokenized = data_steps(config)
+    _tok, tokenized, heldout = data_and_heldout(config)
     mix = mixture_step(config, tokenized, scale.pretrain_tokens + scale.midtrain_tokens)
-    return training_steps(config, mix)
+    return training_steps(config, mix, heldout)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ the wrong format): the step fails, naming the reasons and one example, when reje
 `max_reject_share` of the records (default 1%), or when no document is left.
 
 Resumable per input file: a file is done once `ledger/FFFFF.json` exists (written last, after
-its shards were renamed into place), so a crashed run redoes only the unfinished files.
+its shards were renamed into place), so a crashed run redoes only the unfinished files. The step
+lists the ledger folder once, retries transient store errors, and may leave out (quarantine)
+input files that keep failing, up to `max_quarantine_share`, naming them in the manifest and the
+record (`steps.data.shard_io`).
 
 Input files are named in the output (manifest, ledgers, rejects) as the config names them: a
 relative input read from `root` stays relative, so the same corpus in two checkouts gives the same
@@ -31,10 +34,10 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from executor import License, StepContext, VoyageError, run_only, step_type
-from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, read_json, url_fs, \
-    write_json
+from executor import License, Resources, StepContext, VoyageError, run_only, step_type
+from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, url_fs, write_json
 from steps.data.provenance import LICENSES_KEY, source_licenses, to_manifest
+from steps.data.shard_io import Ledger, ShardOutcome, is_transient, ledgers, retry, run_shards, settle
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
 EXAMPLE_SNIPPET = 200  # characters of the example reject named when the step fails
@@ -64,10 +67,14 @@ class IngestConfig:
     # whether an output is accepted, never what it holds, so raising it after a failure retries
     # in the same folder (and a resumed ingest redoes no file).
     max_reject_share: float = run_only(default=0.01)
+    # Input files that keep failing (a store error past its retries, any other error) may be left
+    # out, named in the record, while they are at most this share of all (steps/data/shard_io.py).
+    max_quarantine_share: float = run_only(default=0.001)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.max_reject_share <= 1.0:
-            raise VoyageError(f"ingest: max_reject_share must be between 0 and 1, got {self.max_reject_share}")
+        for name in ("max_reject_share", "max_quarantine_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise VoyageError(f"ingest: {name} must be between 0 and 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -86,26 +93,40 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     if not files:
         raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
     names = [_as_given(url, config.root) for url in files]
-    todo = [(i, url, names[i]) for i, url in enumerate(files) if not ctx.exists(f"ledger/{i:05d}.json")]
+    ledger = Ledger(ctx.output)
+    done = ledger.done() & set(range(len(files)))
+    todo = [(i, url, names[i]) for i, url in enumerate(files) if i not in done]
     ctx.logger.info("ingest: %d input files, %d to do", len(files), len(todo))
     step = max(1, config.files_per_task)
     jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
-    ctx.map(_ingest_files, jobs)
+    outcomes = [o for got in ctx.map(_ingest_files, jobs, resources=_task_resources(ctx)) for o in got]
+    quarantined = settle("ingest", outcomes, len(files), config.max_quarantine_share)
+    finished = ledgers(ledger, outcomes, done)
 
     shards, rejects, documents, example = [], collections.Counter(), 0, None
-    for i in range(len(files)):
-        ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
-        shards += ledger["shards"]
-        rejects.update(ledger["rejects"])
-        documents += ledger["documents"]
-        example = example or ledger.get("example")
+    for i in sorted(finished):
+        ledger_i = finished[i]
+        shards += ledger_i["shards"]
+        rejects.update(ledger_i["rejects"])
+        documents += ledger_i["documents"]
+        example = example or ledger_i.get("example")
     check_rejects(documents, rejects, example, config)
     licenses = source_licenses(ctx, config.license)
-    write_json(ctx.path(MANIFEST), {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
-                                    "rejects": dict(sorted(rejects.items())), "sources": names,
-                                    LICENSES_KEY: to_manifest(licenses)})
+    manifest = {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
+                "rejects": dict(sorted(rejects.items())), "sources": names, LICENSES_KEY: to_manifest(licenses)}
+    if quarantined:  # only then: a clean run writes the same bytes as before quarantine existed
+        manifest["quarantined"] = quarantined
+    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
     ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
                        rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
+    if quarantined:
+        ctx.results["quarantined"] = quarantined
+
+
+def _task_resources(ctx: StepContext) -> Resources:
+    """A task asks for the step's own CPUs and memory (the data plan sizes them): without a
+    memory request Ray packs tasks by CPU alone and the kernel's OOM killer decides."""
+    return Resources(cpus=ctx.resources.cpus, memory_gb=ctx.resources.memory_gb)
 
 
 def check_rejects(documents: int, rejects: collections.Counter, example: dict[str, Any] | None,
@@ -130,13 +151,12 @@ def check_rejects(documents: int, rejects: collections.Counter, example: dict[st
     raise TooManyRejects(text)
 
 
-def _ingest_files(job: _Job) -> int:
-    for index, url, name in job.files:
-        _ingest_one(job.output, index, url, job.config, name)
-    return len(job.files)
+def _ingest_files(job: _Job) -> list[ShardOutcome]:
+    return run_shards(lambda f: _ingest_one(job.output, f[0], f[1], job.config, f[2]), job.files,
+                      index_of=lambda f: f[0], name_of=lambda f: f[2])
 
 
-def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: str | None = None) -> None:
+def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: str | None = None) -> dict:
     name = name or url
     rejects: collections.Counter = collections.Counter()
     shards: list[dict[str, Any]] = []
@@ -178,9 +198,10 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: s
         writer.close()
         shards.append({"path": _rel(writer.url, output), "documents": writer.count})
     reject_writer.close()
-    write_json(join(output, f"ledger/{index:05d}.json"),
-               {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
-                "rejects": dict(rejects), "example": example})
+    entry = {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
+             "rejects": dict(rejects), "example": example}
+    Ledger(output).write(index, entry)
+    return entry
 
 
 def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:
@@ -222,6 +243,8 @@ def _records(url: str) -> Iterator[tuple[int, Any, str | None, bytes]]:
             except ValueError:
                 yield line_no, None, "invalid_json", line
     except (OSError, EOFError, ValueError) as e:  # a truncated or corrupt stream: keep what was read
+        if is_transient(e):  # the store, not the file: retried (shard_io), never kept as a short file
+            raise
         yield line_no + 1, None, "corrupt_file", f"{type(e).__name__}: {e}".encode()
 
 

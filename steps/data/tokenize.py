@@ -11,7 +11,9 @@ BOS and EOS are explicit: `bos`/`eos` name the tokens to put before/after every 
 None for none; the tokenizer's own post-processor is never applied.
 
 Resumable per shard: a shard is done once `ledger/IIIII.json` exists, written after both of its
-files were renamed into place.
+files were renamed into place. The step lists the ledger folder once, retries transient store
+errors, and may leave out (quarantine) shards that keep failing, up to `max_quarantine_share`,
+naming them in the manifest and the record (`steps.data.shard_io`).
 
 The manifest names the tokenizer and each shard's source, and each ledger its source, relative to
 its own folder when they are in the same prefix (`steps.data.refs`): the same bytes under any
@@ -29,11 +31,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from executor import InputPath, Resources, StepContext, run_only, step_type
+from executor import InputPath, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, \
-    read_json, token_dtype, write_json
+    token_dtype, write_json
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.refs import ref
+from steps.data.shard_io import Ledger, ShardOutcome, ledgers, retry, run_shards, settle
 from steps.data.tokenizer import load_tokenizer, special_id
 
 
@@ -48,6 +51,13 @@ class TokenizeConfig:
     batch_docs: int = run_only(default=1024)
     shards_per_task: int = run_only(default=1)
     threads: int = run_only(default=0)  # encoder threads per task; 0: the task's CPUs
+    # Shards that keep failing may be left out (named in the record) while they are at most this
+    # share of all (steps/data/shard_io.py). Run-only: it decides whether an output is accepted.
+    max_quarantine_share: float = run_only(default=0.001)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_quarantine_share <= 1.0:
+            raise VoyageError(f"tokenize: max_quarantine_share must be between 0 and 1, got {self.max_quarantine_share}")
 
 
 @dataclass(frozen=True)
@@ -71,29 +81,40 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     bos_id, eos_id = special_id(tok, config.bos, "bos"), special_id(tok, config.eos, "eos")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     threads = config.threads or max(1, int(ctx.resources.cpus))
-    todo = [(i, url, ref(ctx, url, ctx.path("ledger"))) for i, url in enumerate(inputs)
-            if not ctx.exists(f"ledger/{i:05d}.json")]
+    ledger = Ledger(ctx.output)
+    done = ledger.done() & set(range(len(inputs)))
+    todo = [(i, url, ref(ctx, url, ctx.path("ledger"))) for i, url in enumerate(inputs) if i not in done]
     ctx.logger.info("tokenize: %d shards, %d to do, %d encoder threads per task", len(inputs), len(todo), threads)
     per = max(1, config.shards_per_task)
     jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.tokenizer, config.bos, config.eos, config.batch_docs,
                  threads) for k in range(0, len(todo), per)]
-    ctx.map(_tokenize_shards, jobs, resources=Resources(cpus=threads))
+    # each task asks for what the step asks for: its CPUs (the encoder's threads) and its memory
+    outcomes = [o for got in ctx.map(_tokenize_shards, jobs,
+                                     resources=Resources(cpus=threads, memory_gb=ctx.resources.memory_gb))
+                for o in got]
+    quarantined = settle("tokenize", outcomes, len(inputs), config.max_quarantine_share)
+    finished = ledgers(ledger, outcomes, done)
 
     shards = []
     for i, url in enumerate(inputs):
-        ledger = read_json(ctx.path(f"ledger/{i:05d}.json"))
-        shards.append({"name": f"{i:05d}", "tokens": ledger["tokens"], "documents": ledger["documents"],
-                       "source": ref(ctx, url)})
+        if i in finished:
+            shards.append({"name": f"{i:05d}", "tokens": finished[i]["tokens"], "documents": finished[i]["documents"],
+                           "source": ref(ctx, url)})
     tokens, documents = sum(s["tokens"] for s in shards), sum(s["documents"] for s in shards)
     licenses = folder_licenses(config.documents)  # the text's licences (the tokenizer's are in the record)
     note_sources(ctx, licenses)
-    write_json(ctx.path(MANIFEST), {
+    manifest = {
         LICENSES_KEY: to_manifest(licenses),
         "format": TOKENS_FORMAT, "dtype": token_dtype(vocab).name, "vocab_size": vocab,
         "tokenizer": ref(ctx, config.tokenizer),
         "bos": config.bos, "eos": config.eos, "bos_id": bos_id, "eos_id": eos_id,
-        "tokens": tokens, "documents": documents, "shards": shards})
+        "tokens": tokens, "documents": documents, "shards": shards}
+    if quarantined:  # only then, so that a clean run writes the same bytes as before quarantine existed
+        manifest["quarantined"] = [dict(q, shard=ref(ctx, inputs[q["index"]])) for q in quarantined]
+    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
     ctx.results.update(tokens=tokens, documents=documents, shards=len(shards), dtype=token_dtype(vocab).name)
+    if quarantined:
+        ctx.results["quarantined"] = manifest["quarantined"]
 
 
 def set_threads(threads: int) -> None:
@@ -102,19 +123,24 @@ def set_threads(threads: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
-def _tokenize_shards(job: _Job) -> int:
+def _tokenize_shards(job: _Job) -> list[ShardOutcome]:
     set_threads(job.threads)
     tok = load_tokenizer(job.tokenizer)
     bos, eos = special_id(tok, job.bos, "bos"), special_id(tok, job.eos, "eos")
     dtype = token_dtype(tok.get_vocab_size(with_added_tokens=True))
-    for index, url, source in job.shards:
+    ledger = Ledger(job.output)
+
+    def one(shard: tuple[int, str, str]) -> dict:
+        index, url, source = shard
         name = f"{index:05d}"
         with TokenShardWriter(join(job.output, "shards"), name, dtype) as writer:
             for flat, lengths in encode_batches(tok, prefetch(iter_text_batches(url, job.batch_docs)), bos, eos, dtype):
                 writer.write(flat, lengths)
-        write_json(join(job.output, f"ledger/{name}.json"),
-                   {"source": source, "tokens": writer.tokens, "documents": writer.documents})
-    return len(job.shards)
+        entry = {"source": source, "tokens": writer.tokens, "documents": writer.documents}
+        ledger.write(index, entry)
+        return entry
+
+    return run_shards(one, job.shards, index_of=lambda s: s[0], name_of=lambda s: s[1])
 
 
 def encode_batches(tok, batches: Iterable[list[str]], bos: int | None, eos: int | None,

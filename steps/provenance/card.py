@@ -105,7 +105,7 @@ def build_card(config: CardConfig) -> dict[str, Any]:
         "model": {"architecture": "MoE decoder (steps/moe/model.py)", "config": model,
                   "parameters": {"total": total, "active": active}, "context": int(last_meta["seq_len"]) - 1,
                   "trained_steps": int(last_meta["step"]), "batch_size": int(last_meta["batch_size"])},
-        "data": {"stages": stages, **_sum_stages(stages, licenses)},
+        "data": {"stages": stages, **_sum_stages(stages, licenses), "decontamination": decontamination(upstream)},
         "evaluation": evaluation(results),
         "export": _name_of(config.export, upstream) if config.export else None,
         "upstream": upstream,
@@ -196,6 +196,12 @@ def evaluation(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def decontamination(upstream: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per decontaminate step upstream: its mode, n-gram and documents removed (or marked) per
+    source and eval set."""
+    return [dict(u["decontamination"], step=u["name"]) for u in upstream if u.get("decontamination")]
+
+
 def upstream_records(urls: list[str]) -> list[dict[str, Any]]:
     """Every step upstream of `urls` (included), by their records' inputs, breadth first: name,
     step type, version, recipe and output digests, and the environment it recorded. Inputs are
@@ -214,6 +220,10 @@ def upstream_records(urls: list[str]) -> list[dict[str, Any]]:
         seen[rec["name"]] = {"name": rec["name"], "step_type": rec.get("step_type"), "version": rec.get("version"),
                              "digest": rec.get("digest"), "output_digest": rec.get("output_digest"),
                              "git": env.get("git"), "licenses": (rec.get("provenance") or {}).get("licenses")}
+        if rec.get("step_type") == "decontaminate":  # its counts go into the card's data section
+            seen[rec["name"]]["decontamination"] = {k: (rec.get("results") or {}).get(k)
+                                                    for k in ("mode", "ngram", "documents", "contaminated", "removed",
+                                                              "marked")}
         prefix = _prefix(url, rec)
         for inp in rec.get("inputs") or []:
             if inp["name"] not in seen:
@@ -301,6 +311,15 @@ def render(card: dict[str, Any]) -> str:
                                              for s in d["stages"]) + f" | **{d['total']['tokens']:,}** |")
     out += ["", "| licence | tokens | sequences |", "|---|---:|---:|"]
     out += [f"| {lic} | {v['tokens']:,} | {v['sequences']:,} |" for lic, v in d["by_license"].items()]
+    if d.get("decontamination"):
+        out += ["", "Decontamination: training documents sharing a normalised n-gram with an eval set, per source "
+                    "and eval set.", "", "| step | source | eval set | documents | of |", "|---|---|---|---:|---:|"]
+        for dc in d["decontamination"]:
+            verb = "removed" if dc.get("mode") == "remove" else "marked"
+            for source, sets in sorted((dc.get(verb) or {}).items()):
+                for name, n in sorted(sets.items()):
+                    out.append(f"| {dc['step']} ({verb}, {dc.get('ngram')}-grams) | {source} | {name} | {n:,} | "
+                               f"{dc.get('documents') or 0:,} |")
     out += ["", "## Evaluation", "",
             f"Held-out windows of each dataset that the mixture never drew, at checkpoint step "
             f"{ev['checkpoint_step']}; the baseline is the unigram model of the trained tokens.", "",

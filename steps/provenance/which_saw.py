@@ -12,6 +12,10 @@ plan's prefix (a copied prefix answers from the copy):
    its shard is its position less the removed documents before it (dedup keeps the order). A
    dedup of several sources numbers shards across them (`sources.json`: each source's first
    shard), so the keeper may be in another source: then its chain below is that source's.
+   **decontaminate** (when the voyage has it): `contaminated.jsonl` says whether the document (or
+   its keeper) shared an n-gram with an eval set: removed, the answer is "removed by
+   decontamination: matches TASK" and nothing reached training; kept, its position moves back by
+   the documents removed before it.
 3. **tokenize**: shard i is dedup's shard i; the shard's `offsets` (one int64 a document) give
    the token span, counted across the dataset's shards as the mixture counts them.
 4. **mixture**: `MixtureInverse` (steps/provenance/inverse.py) turns the span into the global
@@ -93,6 +97,9 @@ class Answer:
     training: list[Training]
     steps_read: dict[str, str] = field(default_factory=dict)  # what was read: step name -> output URL
     also: list[Found] = field(default_factory=list)  # other documents of the source with the same id
+    # the eval sets whose n-grams it (or its keeper) shares, when decontamination removed or marked it
+    contamination: list[str] = field(default_factory=list)
+    decontam_removed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON form of the answer (the CLI's `--which-saw` prints `describe()`)."""
@@ -111,6 +118,8 @@ class Answer:
                           "skipped": [{"step": n, "why": why} for n, why in t.skipped]} for t in self.training],
             "read": self.steps_read,
             "same_id_also_at": [{"shard": f.shard, "position": f.position} for f in self.also],
+            "decontamination": {"matches": self.contamination, "removed": self.decontam_removed}
+            if self.contamination else None,
         }
 
     def describe(self) -> str:
@@ -125,6 +134,13 @@ class Answer:
             k = self.keeper
             lines.append(f"  dedup      removed: merged with {k.source or self.source}:{k.id} (shard {k.shard}, document "
                          f"{k.position}); below, what the keeper's tokens reached")
+        if self.contamination:
+            whose = "" if self.survived else "its keeper "
+            verb = "removed by decontamination" if self.decontam_removed else "marked by decontamination (kept)"
+            lines.append(f"  decontam   {whose}{verb}: matches {', '.join(self.contamination)}")
+            if self.decontam_removed:
+                lines.append("  training   never: no token of it reached the token dataset")
+                return "\n".join(lines)
         lines.append(f"  tokens     {self.dataset}: document {self.document}, tokens {self.span[0]:,}..{self.span[1]:,} "
                      f"({self.span[1] - self.span[0]:,} tokens)")
         lines.append(f"  mixture    {len(self.sequences):,} sequences read it: {_ranges(self.sequences)}"
@@ -207,6 +223,16 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
         before = int(np.searchsorted(removed, target.gid)) - int(np.searchsorted(removed, (target.first + target.shard) << 32))
         position = target.position - before
     shard = (keeper or found).shard
+    contamination, removed_by_decontam = [], False
+    if "decontam" in chain:
+        contamination, removed_by_decontam, before = _decontaminated(url(chain["decontam"]), chain["decontam"],
+                                                                      shard, position)
+        if removed_by_decontam:
+            return Answer(source=source, id=doc_id, found=found, survived=keeper is None, keeper=keeper,
+                          dataset=chain["tokenize"].name, document=-1, span=(0, 0), sequences=[], untrained=[],
+                          training=[], steps_read=read, also=matches[1:], contamination=contamination,
+                          decontam_removed=True)
+        position -= before
 
     manifest = read_json(join(tokens_url, MANIFEST))
     sizes = manifest["shards"]
@@ -230,7 +256,8 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     untrained = [i for i in sequences if i >= trained_upto] if training else []
     return Answer(source=source, id=doc_id, found=found, survived=keeper is None, keeper=keeper,
                   dataset=chain["tokenize"].name, document=document, span=span, sequences=sequences,
-                  untrained=untrained, training=training, steps_read=read, also=matches[1:])
+                  untrained=untrained, training=training, steps_read=read, also=matches[1:],
+                  contamination=contamination)
 
 
 # -- the voyage's edges ------------------------------------------------------------------------
@@ -253,11 +280,16 @@ def _chain(plan: Plan, source: str) -> dict[str, Any]:
         raise VoyageError(f"--which-saw: {mix.name} names {source!r} by something other than a tokenize step's output")
     chain["tokenize"] = tok
     docs = _producer(plan, tok.step.config.documents)
+    reader = tok.step.config  # the config whose `documents` names the dedup step's output
+    if docs is not None and docs.step.type.name == "decontaminate":
+        chain["decontam"] = docs
+        reader = docs.step.config
+        docs = _producer(plan, docs.step.config.documents)
     if docs is not None and docs.step.type.name == "dedup":
         chain["dedup"] = docs
         chain["documents"] = docs.step.config.documents
-        if isinstance(chain["documents"], dict):  # several sources: tokenize reads one source's folder
-            chain["dedup_source"] = tok.step.config.documents.subpath
+        if isinstance(chain["documents"], dict):  # several sources: its reader reads one source's folder
+            chain["dedup_source"] = reader.documents.subpath
             chain["documents"] = chain["documents"][chain["dedup_source"]]
         docs = _producer(plan, chain["documents"])
     if docs is not None and docs.step.type.name == "ingest":
@@ -345,6 +377,23 @@ def document_at(shards: list[str], shard: int, position: int) -> Found:
         k += 1
     raise VoyageError(f"--which-saw: {shards[shard]} has no document {position}: dedup's duplicates.npy does not "
                       "match the documents it read")
+
+
+def _decontaminated(url: str, node: Any, shard: int, position: int) -> tuple[list[str], bool, int]:
+    """(the eval sets document `position` of `shard` matches, whether it was removed, how many
+    documents before it in its shard were removed) from a decontaminate output."""
+    from steps.data.decontam import read_contaminated
+
+    removing = node.step.config.mode == "remove"
+    sets, before = [], 0
+    for line in read_contaminated(url):
+        if line["shard"] != shard:
+            continue
+        if line["position"] == position:
+            sets = list(line["matches"])
+        elif line["position"] < position and removing:
+            before += 1
+    return sets, bool(sets) and removing, before
 
 
 def _duplicates(dedup_url: str) -> tuple[np.ndarray, np.ndarray]:

@@ -98,13 +98,13 @@ def test_resume_redoes_only_unfinished_files(tmp_path, monkeypatch):
         seen.append(index)
         if index == 2:
             raise RuntimeError("worker died")
-        real(output, index, url, config, name)
+        return real(output, index, url, config, name)
 
     monkeypatch.setattr(ingest_mod, "_ingest_one", crash_on_third)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"ingest: 1 of 3 shards failed.*2\.jsonl \(RuntimeError: worker died\)"):
         ingest(IngestConfig(input=str(raw)), ctx)
     assert not ctx.exists("manifest.json") and not ctx.exists("documents/00002-0000.jsonl.zst")
-    monkeypatch.setattr(ingest_mod, "_ingest_one", lambda *a: (seen.append(a[1]), real(*a)))
+    monkeypatch.setattr(ingest_mod, "_ingest_one", lambda *a: (seen.append(a[1]), real(*a))[1])
     ingest(IngestConfig(input=str(raw)), ctx)
     assert seen == [0, 1, 2, 2]
     assert ctx.results["documents"] == 12

@@ -108,10 +108,12 @@ def test_resume_skips_finished_shards(docs_dir, tokenizer_dir, tmp_path, monkeyp
             super().write(flat, lengths)
 
     monkeypatch.setattr(tokenize_mod, "TokenShardWriter", Crashing)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"1 of 3 shards failed.*1\.jsonl\.zst \(RuntimeError: node lost\)"):
         tokenize(config, ctx)
-    assert ctx.exists("ledger/00000.json") and not ctx.exists("ledger/00001.json")
+    # the failing shard is quarantined; its neighbours finish
+    assert ctx.exists("ledger/00000.json") and ctx.exists("ledger/00002.json") and not ctx.exists("ledger/00001.json")
     assert not ctx.exists("shards/00001.tokens")  # never half-written under its final name
+    assert not ctx.exists("manifest.json")
 
     class Counting(real):
         def __init__(self, url, name, dtype):
@@ -120,7 +122,7 @@ def test_resume_skips_finished_shards(docs_dir, tokenizer_dir, tmp_path, monkeyp
 
     monkeypatch.setattr(tokenize_mod, "TokenShardWriter", Counting)
     tokenize(config, ctx)
-    assert opened == ["00001", "00002"]
+    assert opened == ["00001"]
     assert ctx.results["documents"] == 121
 
 

@@ -55,7 +55,11 @@ def test_card_holds_the_model_eval_digests_and_code(card):
     ev = data["evaluation"]["overall"]
     assert (ev["loss"], ev["unigram_loss"], ev["bpb"], ev["unigram_bpb"]) == (
         results["loss"], results["unigram_loss"], results["bpb"], results["unigram_bpb"])
-    assert set(data["evaluation"]["datasets"]) == {"kjv", "pydocs"}
+    assert set(data["evaluation"]["datasets"]) == {"kjv", "pydocs", "heldout"}
+    # decontamination: the chapters and sections holding the held-out passages (data/evals/SOURCE.md)
+    removed = {d["step"]: d["removed"] for d in data["data"]["decontamination"]}
+    assert removed == {"decontam/kjv": {"raw/kjv": {"heldout": 4}}, "decontam/pydocs": {"raw/pydocs": {"heldout": 2}}}
+    assert "| decontam/kjv (removed, 13-grams) | raw/kjv | heldout | 4 | 1,189 |" in md
     assert f"| all | {results['loss']:.4f} | {results['unigram_loss']:.4f} |" in md
     # every upstream step, by name, with the recipe and output digests the prefix holds
     upstream = plan.dag.upstream(["card/laptop"]) - {"card/laptop"}

@@ -140,7 +140,8 @@ def test_documents_of_both_sources_match_the_loader(laptop):
         loc = sampler.locate(index)
         data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{loc.dataset}"].dirname)))
         doc = int(np.searchsorted(data.offsets(0), loc.token_start, side="right")) - 1
-        picks.append((loc.dataset, ids_of(prefix, plan, f"raw/{loc.dataset}")[doc]))
+        # the token dataset's documents are decontamination's (its removed ones are not in it)
+        picks.append((loc.dataset, ids_of(prefix, plan, f"decontam/{loc.dataset}")[doc]))
     answers = {}
     for source, doc_id in picks:
         answer = which_saw(plan, source, doc_id)
@@ -280,6 +281,25 @@ def test_a_document_removed_by_dedup_names_its_keeper(v535, ray_local, tmp_path)
     assert cross.to_json()["merged_with"]["source"] == "kjv"
 
 
+def test_a_document_removed_by_decontamination_names_the_eval_set(laptop, capsys):
+    """Psalm 23 holds a held-out passage (data/evals/heldout_passages.jsonl): --which-saw says it
+    was removed by decontamination and never trained on; the chapter after it is answered in its
+    place in the token dataset, one document earlier than in the source."""
+    from executor.cli import main
+
+    lv, sampler, seen = laptop
+    answer = which_saw(lv.plan, "kjv", "kjv/Psa23")
+    assert answer.survived and answer.decontam_removed and answer.contamination == ["heldout"]
+    assert answer.sequences == [] and answer.training == []
+    assert "decontam   removed by decontamination: matches heldout" in answer.describe()
+    assert answer.to_json()["decontamination"] == {"matches": ["heldout"], "removed": True}
+    after = which_saw(lv.plan, "kjv", "kjv/Psa24")
+    assert after.contamination == [] and after.document == ids_of(lv.prefix, lv.plan, "raw/kjv").index("kjv/Psa24") - 1
+    check_against_loader(after, lv.plan, lv.prefix, sampler, seen)
+    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--which-saw", "kjv:kjv/Psa23"]) == 0
+    assert "removed by decontamination: matches heldout" in capsys.readouterr().out
+
+
 def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
     """A fresh prefix names the first step without output; a copy with dedup's ledger of
     duplicates deleted, or a token shard's offsets cut short, names the file."""
@@ -290,7 +310,7 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
     with pytest.raises(VoyageError, match=r"mixture/laptop has no output under .* yet \(RUN\); run the voyage first"):
         which_saw(plan_steps(v535.voyage(v535.VoyageConfig(laptop=True)), str(tmp_path / "empty")), "kjv", "kjv/Ge1")
     copy = str(tmp_path / "copy")
-    for name in ("raw", "dedup", "tokenized", "mixture", "pretrain", "midtrain"):
+    for name in ("raw", "dedup", "decontam", "tokenized", "mixture", "pretrain", "midtrain"):
         shutil.copytree(os.path.join(lv.prefix, name), os.path.join(copy, name), symlinks=True)
     plan = plan_steps(lv.module.voyage(lv.config), copy)
     os.remove(os.path.join(copy, Store(copy).served_dir(plan.dag["dedup/corpus"].dirname), "duplicates.npy"))

@@ -1,0 +1,143 @@
+"""decontaminate: normalised 13-gram matches against eval sets (documents and lm-eval tasks),
+removed or marked, counted per source and set, listed for --which-saw; a task's memory does not
+grow with its shard."""
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from executor import StepContext, VoyageError
+from steps.data.decontam import DecontamConfig, EvalSet, NgramHasher, _decontaminate_shards, _Job, build_index, \
+    decontaminate, read_contaminated, task_texts, words
+from steps.data.formats import iter_documents, read_json, write_documents, write_json
+
+PSALM = ("The LORD is my shepherd; I shall not want. He maketh me to lie down in green pastures: he leadeth me "
+         "beside the still waters.")
+
+
+def test_ngrams_are_normalised_and_short_texts_are_counted():
+    assert words("Hello, WORLD! naïve_café 東京 x2") == ["hello", "world", "naïve", "café", "東京", "x2"]
+    index, stats = build_index({"psalm": [PSALM, "too short to match"], "other": ["a b c"]}, 13)
+    assert stats == {"psalm": {"texts": 2, "ngrams": 13, "too_short": 1}, "other": {"texts": 1, "ngrams": 0,
+                                                                                   "too_short": 1}}
+    h = NgramHasher(13)
+    # case, punctuation and line breaks do not hide a match; 12 shared words are not one
+    assert index.matches(h.ngrams("Intro.\n" + PSALM.upper().replace(";", " --"))) == ["psalm"]
+    assert index.matches(h.ngrams(" ".join(PSALM.split()[:12]) + " and then something else entirely")) == []
+    assert index.matches(h.ngrams("")) == []
+    # a text hashes the same alone and anywhere in a batch, its words as words() splits them
+    alone = NgramHasher(13).ngrams(PSALM)
+    grams, owner = NgramHasher(13).batch(["x " * 5000, "", "!!", PSALM + " " + PSALM])
+    assert alone.size == 13 and np.array_equal(grams[owner == 3][:13], alone) and set(owner.tolist()) == {0, 3}
+    text = "Hello, WORLD! naïve_café 東京 x2  ,, a"
+    hashes, _ = h.word_hashes([text, text.upper()])
+    assert hashes.size == 2 * len(words(text)) and np.array_equal(hashes[:7], hashes[7:])
+    with pytest.raises(VoyageError, match="exactly one of"):
+        EvalSet("x")
+    with pytest.raises(VoyageError, match="mode"):
+        DecontamConfig(documents="d", evals=(EvalSet("x", documents="e"),), mode="drop")
+    with pytest.raises(VoyageError, match="repeat"):
+        DecontamConfig(documents="d", evals=(EvalSet("x", documents="e"), EvalSet("x", documents="f")))
+
+
+def _corpus(tmp_path):
+    docs = [{"id": f"d{i}", "text": f"plain document number {i} about nothing in particular at all today"}
+            for i in range(6)]
+    docs[1]["text"] = "Before. " + PSALM + " After."
+    docs[4] = {"id": "d4", "text": "import os; os.path.join(a, b) joins two parts of a path into one with the "
+                                    "separator of the system", "metadata": {"k": 1}}
+    folder = tmp_path / "docs"
+    write_documents(str(folder / "documents/00000.jsonl.zst"), docs[:3])
+    write_documents(str(folder / "documents/00001.jsonl.zst"), docs[3:])
+    write_json(str(folder / "manifest.json"), {
+        "format": "marin-documents/1", "documents": 6,
+        "shards": [{"path": "documents/00000.jsonl.zst", "documents": 3},
+                   {"path": "documents/00001.jsonl.zst", "documents": 3}],
+        "licenses": {"raw/src": {"id": "CC0-1.0", "url": None, "spdx": True}}})
+    evals = tmp_path / "evals"
+    write_documents(str(evals / "psalms.jsonl"), [{"text": PSALM}])
+    write_documents(str(evals / "code.jsonl"), [{"text": "os.path.join(a, b) joins two parts of a path into one "
+                                                         "with the separator"}, {"text": "short"}])
+    return folder, evals
+
+
+def test_contaminated_documents_are_removed_listed_and_counted(tmp_path):
+    folder, evals = _corpus(tmp_path)
+    ctx = StepContext(name="decontam/src", output=str(tmp_path / "out"), digest="0" * 64)
+    config = DecontamConfig(documents=str(folder), evals=(EvalSet("psalms", documents="psalms.jsonl"),
+                                                           EvalSet("code", documents="code.jsonl")),
+                            root=str(evals))
+    decontaminate(config, ctx)
+    kept = [d["id"] for k in range(2) for d in iter_documents(ctx.path(f"documents/0000{k}.jsonl.zst"))]
+    assert kept == ["d0", "d2", "d3", "d5"]  # order kept
+    assert read_contaminated(ctx.output) == [
+        {"shard": 0, "position": 1, "id": "d1", "matches": ["psalms"]},
+        {"shard": 1, "position": 1, "id": "d4", "matches": ["code"]}]
+    assert ctx.results["removed"] == {"raw/src": {"psalms": 1, "code": 1}}
+    assert ctx.results["evals"]["code"] == {"texts": 2, "ngrams": 4, "too_short": 1}
+    manifest = read_json(ctx.path("manifest.json"))
+    assert manifest["documents"] == 4 and [s["documents"] for s in manifest["shards"]] == [2, 2]
+    assert manifest["decontamination"]["by_source"] == {"raw/src": {"psalms": 1, "code": 1}}
+    assert ctx.provenance["licenses"] == ["CC0-1.0"]
+
+    # mark mode: every document kept, the contaminated ones tagged
+    ctx = StepContext(name="decontam/src", output=str(tmp_path / "marked"), digest="0" * 64)
+    decontaminate(DecontamConfig(documents=str(folder), evals=config.evals, root=str(evals), mode="mark"), ctx)
+    docs = [d for k in range(2) for d in iter_documents(ctx.path(f"documents/0000{k}.jsonl.zst"))]
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(6)]
+    assert docs[1]["metadata"] == {"contamination": ["psalms"]} and docs[4]["metadata"] == {"k": 1, "contamination": ["code"]}
+    assert ctx.results["marked"] == {"raw/src": {"psalms": 1, "code": 1}} and ctx.results["removed"] == {}
+
+
+TASK = """
+task: psalm_choice
+dataset_path: json
+dataset_kwargs: {data_files: {test: DATA}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{context}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{label}}"
+metric_list: [{metric: acc, aggregation: mean, higher_is_better: true}]
+"""
+
+
+def test_an_lm_eval_task_is_read_as_the_harness_shows_it(tmp_path, monkeypatch):
+    for k, v in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}.items():
+        monkeypatch.setenv(k, v)
+    data = tmp_path / "psalm.jsonl"
+    data.write_text(json.dumps({"context": "The LORD is my shepherd; I shall not want. He maketh me to lie down in",
+                                "choices": ["green pastures", "the server room"], "label": 0}) + "\n")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "psalm_choice.yaml").write_text(TASK.replace("DATA", str(data)))
+    texts = list(task_texts("psalm_choice", str(tasks)))
+    assert texts == ["The LORD is my shepherd; I shall not want. He maketh me to lie down in green pastures",
+                     "the server room"]
+    with pytest.raises(Exception, match="nope"):
+        list(task_texts("nope", str(tasks)))
+
+
+def test_a_tasks_memory_does_not_grow_with_its_shard(tmp_path):
+    """tracemalloc's peak inside the task, at 1x and 4x the documents of a shard: within 25%. The
+    1x shard (3 MB) is past the reader's and the writer's 1 MB buffers, so that the fixed costs are
+    all in both. (Reading the whole shard at once instead fails it: 4x.)"""
+    index, _ = build_index({"psalms": [PSALM]}, 13)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "evals.npz").write_bytes(index.to_bytes())
+    filler = " ".join(f"{chr(97 + k % 26) * 100}{k % 7}" for k in range(24))  # ~2.5 KB in few (long) words
+    base = [{"id": str(i), "text": (PSALM if i % 80 == 0 else "") + filler} for i in range(1200)]
+    peaks = []
+    for scale in (1, 4):
+        shard = str(tmp_path / f"in{scale}.jsonl")
+        write_documents(shard, (dict(d, id=f"{k}-{d['id']}") for k in range(scale) for d in base))
+        tracemalloc.start()
+        [outcome] = _decontaminate_shards(_Job(str(out), ((scale, shard),), 13, "remove"))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert outcome.ledger["documents"] == 1200 * scale and len(outcome.ledger["contaminated"]) == 15 * scale
+    assert peaks[1] <= 1.25 * peaks[0], peaks
+    assert np.load(out / "evals.npz")["hashes"].size == 13
