@@ -13,7 +13,7 @@ from steps.scale.comms import (
     recompute_flops_per_token,
 )
 from steps.scale.hardware import GIB
-from steps.scale.plan import OFFLOAD_WORDS, Plan, estimate
+from steps.scale.plan import OFFLOAD_WORDS, TIE, Plan, estimate
 
 
 def _gib(x: float) -> str:
@@ -46,11 +46,12 @@ def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]
     lines = ["  memory a GPU (its largest shards)           GiB   what, from where"]
     for row in plan.rows:
         lines.append(f"    {row.name:40s}{_gib(row.bytes)}   {row.note}")
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"    {'peak':40s}{_gib(plan.peak)}   of {hw.hbm_bytes / GIB:.1f} GiB ({hw.hbm_gb:g} GB); limit "
-                 f"{hw.hbm_limit:.0%} = {hw.limit_bytes / GIB:.1f} GiB: {verdict}; anchor {ANCHOR.peak_gib} GiB")
-    lines.append("    (peak = what of weights, grads and moments stays on the GPU + reserve + the larger of two moments: "
-                 "a block's backward with every block's kept activations, or the head and loss)")
+    lines.append(f"    {'peak':40s}{_gib(plan.peak)}   {plan.verdict()} (of {hw.hbm_bytes / GIB:.1f} GiB HBM); "
+                 f"anchor {ANCHOR.peak_gib} GiB")
+    lines.append(f"    (peak = what of weights, grads and moments stays on the GPU + CUDA context + NCCL buffers + the "
+                 f"larger of two moments: a block's backward with every block's kept activations, or the head and "
+                 f"loss + the fragmentation reserve on it; the target is the setting memory_target_gib, "
+                 f"{plan.setup.memory_target_gib:g} GiB, steps/scale/plan.py MEMORY_TARGET_GIB says why)")
     return lines
 
 
@@ -123,8 +124,13 @@ def efficiency_for(plan: Plan, target_s: float) -> float | None:
 
 
 def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[str]:
-    lines = [f"  the fastest meshes that fit on {chosen.setup.gpus} GPUs (closed form; first = the search's choice):"]
-    for p in plans[:top]:
+    lines = [f"  the fastest meshes under the {chosen.setup.memory_target_gib:g} GiB target on {chosen.setup.gpus} GPUs "
+             f"(closed form, by step time; * = the search's choice, the fastest or a lighter one within "
+             f"{TIE:.0%}):"]
+    shown = plans[:top]
+    if all(p.choice != chosen.choice for p in shown):
+        shown = [*plans[:top - 1], next((p for p in plans if p.choice == chosen.choice), chosen)]
+    for p in sorted(shown, key=lambda p: (p.time.total, p.peak)):
         mark = "*" if p.choice == chosen.choice else " "
         lines.append(f"   {mark} {p.time.total:6.2f} s {p.peak / GIB:7.1f} GiB  {p.ranks:4d} GPUs  {p.choice.describe()}")
     return lines

@@ -93,7 +93,11 @@ def test_offload_moves_the_state_and_charges_its_traffic():
     assert plans["none"].peak - plans["moments"].peak == pytest.approx(8 * params)
     # moments: both moments each way over C2C beside the update; exposed only past the update
     c2c = next(c for c in plans["moments"].time.collectives if c.link == "host")
-    assert c2c.bytes == 8 * params and c2c.seconds == pytest.approx(8 * params / (450e9 * 0.8))
+    # the two GPUs of a Grace stream theirs at once: its C2C (each way) and its LPDDR5X (both ways)
+    # are shared; the memory is the slower, 4 x 66.7 GB at 410 GB/s (issue 22: 0.65 s, not 0.19 s)
+    assert c2c.bytes == 8 * params
+    assert c2c.seconds == pytest.approx(max(2 * 8 * params / (450e9 * 0.8), 2 * 16 * params / (512e9 * 0.8)))
+    assert c2c.seconds == pytest.approx(0.65, abs=0.01)
     assert c2c.exposed == pytest.approx(c2c.seconds - plans["moments"].time.optimizer)
     # all: the update on a Grace shared by 2 GPUs at torch's CPU AdamW rate, the shards over C2C
     hw = GB200_NVL72
