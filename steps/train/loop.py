@@ -79,8 +79,8 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     return parallel.wrap(model)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none"
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none",
+                    replicas: Any = None) -> torch.optim.Optimizer:
     """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
     optimizer (and scheduler) state saved on one mesh loads on any other. With offload="moments",
     the moments live in host memory (steps/train/offload.py). Else fused on the GPU when every
@@ -90,6 +90,11 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offl
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    if offload == "replicas":  # the moments sharded over dp_replicate too (steps/train/replicas.py)
+        from steps.train.replicas import ReplicaShardedAdamW
+
+        return ReplicaShardedAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                   weight_decay=cfg.weight_decay, **({"replicas": replicas} if replicas else {}))
     if offload == "moments":
         from steps.train.offload import HostMomentsAdamW
 
@@ -130,7 +135,8 @@ class Trainer:
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()
-        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload)
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload,
+                                         getattr(self.parallel, "replicas", None))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
         self.context = job.phases.seq_len - 1
