@@ -162,7 +162,8 @@ class VoyageConfig:
     ep: int = 0  # expert-parallel ranks (inside dp_shard); 0: the plan's choice
     microbatch: int = 0  # sequences a GPU runs at once; 0: the plan's choice
     checkpointing: str = "auto"  # "none", "selective", "full", or "auto" (the plan's choice)
-    offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", or "auto" (the plan's)
+    offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", "replicas" (sharded over
+    # the replicas: a distributed optimizer), or "auto" (the plan's)
     memory_target_gib: float = MEMORY_TARGET_GIB  # a GPU's memory a plan may use; above it: refused (plan.py says why)
     open_only: bool = False  # the exported model is for public release: only open licences may reach it
 

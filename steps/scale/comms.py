@@ -27,6 +27,10 @@ Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
   last micro-batch): across racks on the network (within a rack on NVLink when one rack holds
   several replicas). It runs during the last micro-batch's backward (block by block), so only
   what exceeds that backward is exposed.
+- with offload "replicas" (a distributed optimizer, steps/train/replicas.py) that all-reduce is
+  a reduce-scatter of the gradient shards over the replicas after the backward and an
+  all-gather of the weights after the update: the same bytes, none of it hidden (the code issues
+  both between the backward and the next forward).
 - the optimizer, after the backward: on the GPU, memory-bound over the shards; with offload
   "moments" the moments stream over NVLink-C2C both ways beside the update (double-buffered,
   steps/train/offload.py), so the longer of the two counts; the two GPUs of a Grace share its C2C
@@ -42,9 +46,9 @@ from typing import Any
 
 from steps.moe.config import flops_per_token as _flops_per_token, mean_keys
 from steps.scale.hardware import Hardware
-from steps.scale.memory import BF16, FP32, Mesh, Shards, shards
+from steps.scale.memory import BF16, FP32, Mesh, Shards, dense_block_shapes, shards
 
-OFFLOADS = ("none", "moments", "all")
+OFFLOADS = ("none", "moments", "all", "replicas")
 
 # Bytes an update moves a parameter: AdamW reads p, g, m, v and writes p, m, v (7 x fp32); the
 # gradient clipping before it reads g for the norm and reads and writes it to scale it (3 x fp32).
@@ -262,7 +266,20 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
                                   micro * (3 * L + 3), c2c_s, exposed * c2c_s / whole,
                                   "a block's compute, with its gather and reduce-scatter"))
 
-    if mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
+    if mesh.dp_replicate > 1 and offload == "replicas":
+        # the distributed optimizer (steps/train/replicas.py): one flat group of the replicas,
+        # per parameter tensor a reduce-scatter of its fp32 gradient shard after the backward and
+        # an all-gather of its fp32 weights after the update; neither overlaps anything
+        tensors = L * (len(dense_block_shapes(cfg)) + 3) + 3
+        link = "network" if racks > 1 else "nvlink"
+        per = FP32 * sh.total(L) * _ring(mesh.dp_replicate)
+        seconds = per / hw.link_bytes_per_s(link) + tensors * lat
+        group = f"dp_replicate {mesh.dp_replicate}" + (f" over {racks} racks" if racks > 1 else " in a rack")
+        out.append(Collective("replicas: reduce-scatter (fp32 grads)", link, group, per, tensors, seconds, seconds,
+                              "none: after the last backward, before the norm"))
+        out.append(Collective("replicas: all-gather (fp32 weights)", link, group, per, tensors, seconds, seconds,
+                              "none: after the update"))
+    elif mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
         grad_bytes = FP32 * sh.total(L)
         in_rack = min(replicas_per_rack, mesh.dp_replicate)
         nv_bytes = 2 * grad_bytes * _ring(in_rack)
@@ -284,6 +301,8 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     params = sh.total(L)
     if offload == "all":
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / hw.host_update_bytes_per_s()
+    elif offload == "replicas":  # the update on this rank's slice; clipping over the whole shard
+        optimizer = params * (ADAM_BYTES / mesh.dp_replicate + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
     else:
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
     if offload == "moments":

@@ -115,7 +115,8 @@ class Choice:
 
 
 OFFLOAD_WORDS = {"none": "Adam on the GPU", "moments": "Adam moments on the host",
-                 "all": "weights, grads and Adam on the host"}
+                 "all": "weights, grads and Adam on the host",
+                 "replicas": "Adam moments sharded over the replicas (distributed optimizer)"}
 
 
 @dataclass(frozen=True)
@@ -285,8 +286,9 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     headroom = mem.imbalance_bytes(cfg, t, choice.checkpointing, setup.load_mean, setup.load_peak)
     head_unit = BF16 * (sh.head * m.dp_shard)
     off = choice.offload
-    on_gpu = {"none": 4, "moments": 2, "all": 0}[off] * FP32 * params  # weights, grads, moments
-    host = {"none": 0, "moments": 2, "all": 4}[off] * FP32 * params
+    moments = {"none": 2, "moments": 0, "all": 0, "replicas": 2 / m.dp_replicate}[off] * FP32 * params
+    on_gpu = (0 if off == "all" else 2 * FP32 * params) + moments  # weights and grads, and the moments
+    host = {"none": 0, "moments": 2, "all": 4, "replicas": 0}[off] * FP32 * params
     transit = 3 * FP32 * (sh.dense_per_block + sh.experts_per_block) if off == "all" else 0
     at_head = kept + headroom + head_unit + acts.head + BF16 * gathered + transit  # last block prefetched
     at_block = kept + headroom + working + ag + rs + transit
@@ -300,13 +302,14 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     def rows() -> tuple[Row, ...]:
         where = f"on the host ({host / GIB:.1f} GiB of the {hw.host_gb:g} GB a GPU has, limit {hw.host_limit:.0%})"
         moments_note = {"none": "on the GPU", "moments": "on the host; two parameters' at a time on the GPU in the "
-                        "update, after the backward", "all": "on the host"}[off]
+                        "update, after the backward", "all": "on the host",
+                        "replicas": f"a 1/{m.dp_replicate} slice on each replica (distributed optimizer)"}[off]
         return (
             Row("parameters (fp32 shards)", 0 if off == "all" else FP32 * params,
                 f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")),
             Row("gradients (fp32 shards)", 0 if off == "all" else FP32 * params,
                 "on the host" if off == "all" else "sharded like the parameters (reduce-scatter every micro-batch)"),
-            Row("Adam moments (2 x fp32)", 0 if off != "none" else 2 * FP32 * params, moments_note),
+            Row("Adam moments (2 x fp32)", moments, moments_note),
             Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
                 f"{choice.checkpointing} checkpointing, {acts.source}"),
             Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),

@@ -12,7 +12,9 @@ from steps.scale.comms import (
     masked_attention_flops_per_token,
     recompute_flops_per_token,
 )
+from steps.scale import memory as mem
 from steps.scale.hardware import GIB
+from steps.scale.memory import BF16, FP32
 from steps.scale.plan import OFFLOAD_WORDS, TIE, Plan, estimate
 
 
@@ -136,6 +138,36 @@ def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[st
     return lines
 
 
+def cross_rack_lines(plan: Plan) -> list[str]:
+    """Why the state is (or is not) sharded across racks: the same step with the distributed
+    optimizer across the replicas, and with expert FSDP spanning the racks, against the choice."""
+    s, c, m = plan.setup, plan.choice, plan.choice.mesh
+    if m.dp_replicate == 1:
+        return ["  cross-rack sharding: none to do (one replica)"]
+    lines = ["  cross-rack sharding of the optimizer state (issue 22):"]
+    if c.offload == "replicas":
+        other = estimate(s, dataclasses.replace(c, offload="moments"))
+        lines.append(f"    chosen: the distributed optimizer across the {m.dp_replicate} replicas (offload replicas); "
+                     f"with the moments on the host instead: {other.time.total:.2f} s, {other.peak / GIB:.1f} GiB "
+                     f"({other.verdict()})")
+    else:
+        alt = estimate(s, dataclasses.replace(c, offload="replicas"))
+        why = ("slower" if alt.time.total >= plan.time.total else
+               f"{-alt.margin / GIB:.2f} GiB above the {s.memory_target_gib:g} GiB target" if not alt.fits else
+               "within the search's tie, heavier")
+        lines.append(f"    the distributed optimizer across the {m.dp_replicate} replicas (offload replicas) on this "
+                     f"mesh: {alt.time.total:.2f} s ({alt.time.total - plan.time.total:+.2f} s), {alt.peak / GIB:.1f} GiB, "
+                     f"no host memory: not chosen, {why}")
+    sh = mem.shards(s.model, m)
+    racks, micro = plan.racks, s.batch // m.ranks // c.microbatch
+    moved = micro * s.model.n_layers * (2 * BF16 + FP32) * sh.experts_per_block * (racks - 1) / racks
+    net = moved / s.hardware.link_bytes_per_s("network")
+    lines.append(f"    expert FSDP spanning the {racks} racks instead: each block's experts gathered (forward, backward) "
+                 f"and their gradients reduce-scattered over the network every micro-batch, {moved / 1e12:.2f} TB a GPU "
+                 f"a step = {net:.1f} s on the network against {plan.time.executed:.1f} s of compute: not built")
+    return lines
+
+
 def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Plan | None = None,
                 measured_note: str = "") -> str:
     """The whole plan: placement, memory, communication, alternatives and assumptions."""
@@ -149,6 +181,7 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
         lines.append(f"    closed form of the same: {formula.peak / GIB:.2f} GiB peak "
                      f"({(formula.peak / plan.peak - 1):+.1%}; the search ranks meshes with it)")
     lines += comm_table(plan)
+    lines += cross_rack_lines(plan)
     if alternatives:
         lines += alternatives_table(alternatives, plan)
     lines.append("  assumptions:")

@@ -216,3 +216,36 @@ def test_nvlink_is_shared_by_the_all_to_all_and_fsdp():
     ag_block = (ag.bytes / 16 - 2 * 0) / (2 * 48 + 2)  # roughly a block's gather
     assert 2 * call + ag_block / (900e9 * 0.8) > block_fwd > ag_block / (900e9 * 0.8)  # hidden only alone
     assert ag.exposed + rs.exposed > 16 * 48 * (2 * call + ag_block / (900e9 * 0.8) - block_fwd) * 0.9
+
+
+def test_the_distributed_optimizer_across_replicas_in_the_plan():
+    """offload "replicas" (steps/train/replicas.py): the moments a 1/11 slice a GPU, nothing on
+    the host; the cross-rack all-reduce becomes a reduce-scatter and an all-gather of the same
+    bytes, neither hidden."""
+    from steps.scale.table import cross_rack_lines
+
+    params = 8_340_563_040
+    choice = Choice(Mesh(11, 64, 64), 1, "selective", "replicas")
+    plan = estimate(FULL, choice)
+    rows = {r.name: r.bytes for r in plan.rows}
+    assert rows["Adam moments (2 x fp32)"] == pytest.approx(8 * params / 11) and plan.host == 0
+    hosted = estimate(FULL, dataclasses.replace(choice, offload="moments"))
+    assert plan.peak - hosted.peak == pytest.approx(8 * params / 11 * 1.0, rel=1e-9)
+    names = {c.name: c for c in plan.time.collectives}
+    assert not any("HSDP" in n or c.link == "host" for n, c in names.items())
+    rs, ag = names["replicas: reduce-scatter (fp32 grads)"], names["replicas: all-gather (fp32 weights)"]
+    hsdp = next(c for c in hosted.time.collectives if c.name.startswith("HSDP all-reduce"))
+    assert rs.bytes + ag.bytes == pytest.approx(hsdp.bytes) and rs.link == ag.link == "network"
+    assert rs.exposed == rs.seconds and ag.exposed == ag.seconds
+    # at the 140 GiB target it is faster but does not fit: the plan says so and keeps the host
+    assert plan.time.total < hosted.time.total and not plan.fits
+    chosen, _ = pick(FULL)
+    assert chosen.choice.offload == "moments"
+    line = next(x for x in cross_rack_lines(chosen) if "distributed optimizer" in x)
+    assert "not chosen" in line and "above the 140 GiB target" in line
+    # a host too small for the moments, a target that holds the slices: the search shards across racks
+    small_host = dataclasses.replace(FULL, memory_target_gib=150.0,
+                                     hardware=dataclasses.replace(FULL.hardware, host_gb=40.0))
+    chosen, alternatives = pick(small_host)
+    assert chosen.choice.offload == "replicas" and chosen.fits and chosen.host == 0
+    assert any("chosen: the distributed optimizer" in x for x in cross_rack_lines(chosen))
