@@ -31,6 +31,10 @@ class MoEConfig:
     renormalize: bool = True
     route_scale: float = 1.0
     router_impl: str = "auto"  # "auto", "fused" or "reference" (steps/moe/router.py)
+    # Under expert parallelism, the rows a rank's experts take in one forward, at most this times
+    # the mean (the N = T*K slots every rank sends); past it, assignments are dropped (counted in
+    # the step's metrics: moe_dropped). 0: unbounded, dropless whatever the skew.
+    rank_capacity_factor: float = 0.0
     z_loss_coef: float = 1e-4
     aux_loss_coef: float = 0.0
     bias_update_rate: float = 1e-3
@@ -44,6 +48,8 @@ class MoEConfig:
             raise ValueError(f"score_func must be softmax or sigmoid, got {self.score_func!r}")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must lie in [1, n_experts={self.n_experts}]")
+        if self.rank_capacity_factor and self.rank_capacity_factor < 1:
+            raise ValueError(f"rank_capacity_factor must be 0 (unbounded) or >= 1, got {self.rank_capacity_factor}")
         if self.n_heads % self.n_kv_heads or self.head_dim % 2 or self.expert_align < 1:
             raise ValueError("n_heads must be a multiple of n_kv_heads, head_dim even, expert_align >= 1")
 
@@ -63,7 +69,8 @@ PRESETS: dict[str, MoEConfig] = {
     "medium": dataclasses.replace(
         _BIG, dim=2048, n_layers=24, n_heads=16, n_kv_heads=4, head_dim=128, n_experts=128,
         expert_dim=512, n_shared_experts=2, shared_expert_dim=1024),
-    "535b-a23b": _BIG,
+    # dropless up to 1.25x the mean rows a rank (the plan's buffers; issue 22), then dropped
+    "535b-a23b": dataclasses.replace(_BIG, rank_capacity_factor=1.25),
 }
 
 

@@ -239,6 +239,10 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias_E", torch.zeros(E))
         # Tokens sent to each expert since the last bias update; summed over micro-batches.
         self.register_buffer("expert_load_E", torch.zeros(E), persistent=False)
+        # Token-expert assignments this rank sent and dropped past the rank capacity, since the
+        # last metrics row (steps/moe/expert_parallel.py; `take_dropped` reads and resets them).
+        self.register_buffer("routed_slots", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.register_buffer("dropped_slots", torch.zeros((), dtype=torch.int64), persistent=False)
         self.experts: Callable[..., Tensor] = LocalExperts()  # AllToAllExperts under expert parallelism
 
     def forward(self, x_BSD: Tensor) -> tuple[Tensor, Tensor]:
@@ -307,6 +311,8 @@ class MoETransformer(nn.Module):
         for block in self.blocks:
             block.moe.expert_bias_E.zero_()
             block.moe.expert_load_E.zero_()
+            block.moe.routed_slots.zero_()
+            block.moe.dropped_slots.zero_()
 
     def forward(self, tokens_BS: Tensor) -> tuple[Tensor, Tensor]:
         """Logits [B, S, V] and the router loss summed over layers."""

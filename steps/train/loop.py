@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from executor import StepContext
 from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
+from steps.moe.expert_parallel import take_dropped
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
@@ -201,11 +202,15 @@ class Trainer:
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
+        drops = take_dropped(self.layers).float()  # [routed, dropped] past the rank capacity (issue 22)
+        if dist.is_initialized():
+            dist.all_reduce(drops)
         norm = grad_norm
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
                 "bias_norm": torch.stack([m.expert_bias_E for m in self.layers]).norm().item(),
+                "moe_dropped": int(drops[1]), "moe_dropped_share": (drops[1] / drops[0].clamp_min(1)).item(),
                 "tokens": self.tokens, "time": time.time()}
 
     def save(self, row: dict[str, Any], started: float) -> None:
