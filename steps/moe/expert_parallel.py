@@ -76,7 +76,8 @@ class AllToAllExperts:
             start_E = torch.cumsum(counts_E, 0) - counts_E
             sorted_N = flat_N[order_N]
             kept_N = (torch.arange(N, device=flat_N.device) - start_E[sorted_N]) < sent_Pe.reshape(-1)[sorted_N]
-            n_kept = int(sent_Pe.sum())
+            send = sent_Pe.sum(1).tolist()  # the one host sync (the plan's trace answers it evenly)
+            n_kept = sum(send)
             pos_N[order_N] = torch.where(kept_N, torch.cumsum(kept_N, 0) - 1, n_kept)  # dropped: a spare row
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), n_kept + 1)[:n_kept]
             if moe.training and not _recomputing():
@@ -88,7 +89,7 @@ class AllToAllExperts:
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), N)
             got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
             got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
-        send = sent_Pe.sum(1).tolist()
+            send = sent_Pe.sum(1).tolist()
         recv = got_Pe.sum(1).tolist()
         self.received = sum(recv)  # rows this rank's experts took in its last forward
         x_RD = all_to_all_single_autograd(x_ND, recv, send, self.group)
@@ -112,10 +113,10 @@ class AllToAllExperts:
         for its experts [P, e]) with no rank receiving more than `capacity` rows: every rank's
         counts all-gathered, and the same floor(count * C / R) cut computed everywhere."""
         import torch.distributed as dist
-        from torch.distributed._functional_collectives import all_gather_tensor
+        from torch.distributed._functional_collectives import all_gather_single
 
         P, e = self.size, self.per_rank
-        every = all_gather_tensor(counts_E.to(torch.int64).contiguous(), 0, self.group)
+        every = all_gather_single(counts_E.to(torch.int64).contiguous(), 0, self.group)
         every_SDe = torch.ops._c10d_functional.wait_tensor(every).view(P, P, e)  # source, destination, expert
         offered_D = every_SDe.sum((0, 2))
         keep_SDe = torch.where((offered_D > capacity).view(1, P, 1),

@@ -58,7 +58,8 @@ class Setup:
     efficiency: float = 0.0  # share of peak while computing; 0: calibrated on the anchor at `mfu`
     hardware: Hardware = GB200_NVL72
     load_mean: float = 1.1  # busiest expert-parallel rank's rows over the mean, on average (time)
-    load_peak: float = 1.25  # ... in the worst micro-batch (memory headroom: dropless buffers)
+    load_peak: float = 1.25  # ... in the worst micro-batch (memory headroom: dropless buffers), unless
+    # the model bounds it (MoEConfig.rank_capacity_factor): then the buffers are sized at the bound
     memory_target_gib: float = MEMORY_TARGET_GIB  # a plan above it is refused (MEMORY_TARGET_GIB: why)
     fragmentation: float = FRAGMENTATION  # the allocator's reserve, a share of the transient bytes
 
@@ -69,6 +70,26 @@ class Setup:
                               f"{self.hardware.name} GPU), got {self.memory_target_gib:g}")
         if not 0 <= self.fragmentation < 1:
             raise VoyageError(f"fragmentation must lie in [0, 1), got {self.fragmentation:g}")
+
+    @property
+    def skew_bound(self) -> float:
+        """The busiest rank's rows over the mean that the buffers are sized for: the model's rank
+        capacity when it has one (the dispatch drops past it), else `load_peak` (unbounded: a
+        worse micro-batch does not fit)."""
+        return getattr(self.model, "rank_capacity_factor", 0.0) or self.load_peak
+
+    @property
+    def bounded(self) -> bool:
+        return bool(getattr(self.model, "rank_capacity_factor", 0.0))
+
+    def skew_words(self) -> str:
+        """The skew the plan tolerates, in words."""
+        if self.bounded:
+            return (f"dropless up to {self.skew_bound:g}x the mean rows a rank (MoEConfig.rank_capacity_factor); "
+                    f"past it assignments are dropped and counted (metrics: moe_dropped, moe_dropped_share); the "
+                    f"buffers are sized at the bound")
+        return (f"unbounded (dropless whatever the skew): the buffers are sized for {self.load_peak:g}x the mean "
+                f"rows a rank; a worse micro-batch (up to {self.model.n_experts}x) does not fit")
 
     @property
     def target_bytes(self) -> float:
@@ -282,8 +303,9 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     ag = 2 * BF16 * gathered
     rs = FP32 * gathered
     t = Tokens.of(cfg, choice.microbatch, setup.context, m.ep)
-    a2a = BF16 * t.N * cfg.dim * (1 + setup.load_peak) if m.ep > 1 else 0
-    headroom = mem.imbalance_bytes(cfg, t, choice.checkpointing, setup.load_mean, setup.load_peak)
+    skew = setup.skew_bound
+    a2a = BF16 * t.N * cfg.dim * (1 + skew) if m.ep > 1 else 0
+    headroom = mem.imbalance_bytes(cfg, t, choice.checkpointing, min(setup.load_mean, skew), skew)
     head_unit = BF16 * (sh.head * m.dp_shard)
     off = choice.offload
     moments = {"none": 2, "moments": 0, "all": 0, "replicas": 2 / m.dp_replicate}[off] * FP32 * params
@@ -314,13 +336,14 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
                 f"{choice.checkpointing} checkpointing, {acts.source}"),
             Row("block backward working set", working, f"recompute, activation and bf16 weight grads, {acts.source}"),
             Row("  of which all-to-all buffers", a2a,
-                f"send + receive at {setup.load_peak:g}x the mean load" if m.ep > 1 else "no expert parallelism"),
+                f"send + receive at {skew:g}x the mean load" + (" (the bound)" if setup.bounded else "")
+                if m.ep > 1 else "no expert parallelism"),
             Row("all-gather buffers (bf16)", ag, "this block's weights and the next one's (prefetch)"),
             Row("reduce-scatter buffer (fp32)", rs, "one block's gradients"),
             Row("offloaded shards in transit (fp32)", transit,
                 "two blocks' weight shards up, one block's gradients down" if transit else "no weights on the host"),
             Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
-                f"{setup.load_peak:g}x in one block's buffers (dropless)"),
+                f"{skew:g}x in one block's buffers " + ("(the rank capacity)" if setup.bounded else "(dropless, unbounded)")),
             Row("head and loss (own moment)", acts.head + head_unit,
                 f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
             Row("CUDA context and cuBLAS", context_bytes, f"{hw.cuda_context_gb:g} GB (assumed)"),

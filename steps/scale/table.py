@@ -174,6 +174,8 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
     s = plan.setup
     lines = [f"plan of the training step on {s.gpus} {s.hardware.name.split()[0]} ({s.racks} rack"
              f"{'s' * (s.racks > 1)} of {s.hardware.gpus_per_rack}):", "  " + placement_line(plan)]
+    lines.append(f"  memory target {s.memory_target_gib:g} GiB a GPU (memory_target_gib), enforced; tolerated skew: "
+                 f"{s.skew_words()}")
     if measured_note:
         lines.append("  " + measured_note)
     lines += memory_table(plan)
@@ -192,7 +194,7 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
               f"steps/scale/anchor.py); FSDP collectives hidden behind a block's compute up to its length; the "
               f"cross-rack all-reduce behind the last micro-batch's backward",
               f"    expert load: the busiest EP rank gets {s.load_mean:g}x the mean rows on average (time, kept "
-              f"activations) and {s.load_peak:g}x in its worst micro-batch (buffers); routing is dropless",
+              f"activations) and {s.skew_bound:g}x in its worst micro-batch (buffers)",
               "    activations as torch's CPU kernels keep them (RMSNorm's fp32 parts, the eager router): the GPU's "
               "fused kernels keep less"]
     return "\n".join(lines)

@@ -249,3 +249,16 @@ def test_the_distributed_optimizer_across_replicas_in_the_plan():
     chosen, alternatives = pick(small_host)
     assert chosen.choice.offload == "replicas" and chosen.fits and chosen.host == 0
     assert any("chosen: the distributed optimizer" in x for x in cross_rack_lines(chosen))
+
+
+def test_the_memory_model_uses_the_rank_capacity_and_the_plan_names_the_skew():
+    choice = Choice(Mesh(11, 64, 64), 1, "selective", "moments")
+    assert BIG.rank_capacity_factor == 1.25 and FULL.skew_bound == 1.25
+    # bounded: a worse skew than the bound changes no byte (the dispatch drops past it)
+    assert estimate(dataclasses.replace(FULL, load_peak=3.0), choice).peak == estimate(FULL, choice).peak
+    assert "dropless up to 1.25x the mean rows a rank" in FULL.skew_words()
+    # unbounded: the buffers must hold the skew; at 3x the mean it no longer fits
+    free = dataclasses.replace(FULL, model=dataclasses.replace(BIG, rank_capacity_factor=0.0))
+    peaks = [estimate(dataclasses.replace(free, load_peak=s), choice).peak for s in (1.0, 1.25, 2.0, 3.0)]
+    assert peaks == sorted(peaks) and peaks[1] == estimate(FULL, choice).peak
+    assert peaks[-1] > 140 * GIB and "unbounded" in free.skew_words()
