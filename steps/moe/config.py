@@ -35,6 +35,9 @@ class MoEConfig:
     # the mean (the N = T*K slots every rank sends); past it, assignments are dropped (counted in
     # the step's metrics: moe_dropped). 0: unbounded, dropless whatever the skew.
     rank_capacity_factor: float = 0.0
+    # The head and the cross-entropy run fused, this many vocabulary rows at a time: no [T, V]
+    # logits are ever whole (steps/moe/head.py); the same value and gradient as unchunked.
+    loss_chunk: int = 8192
     z_loss_coef: float = 1e-4
     aux_loss_coef: float = 0.0
     bias_update_rate: float = 1e-3
@@ -48,6 +51,8 @@ class MoEConfig:
             raise ValueError(f"score_func must be softmax or sigmoid, got {self.score_func!r}")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must lie in [1, n_experts={self.n_experts}]")
+        if self.loss_chunk < 1:
+            raise ValueError(f"loss_chunk must be >= 1, got {self.loss_chunk}")
         if self.rank_capacity_factor and self.rank_capacity_factor < 1:
             raise ValueError(f"rank_capacity_factor must be 0 (unbounded) or >= 1, got {self.rank_capacity_factor}")
         if self.n_heads % self.n_kv_heads or self.head_dim % 2 or self.expert_align < 1:

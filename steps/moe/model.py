@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from steps.moe.balance import aux_balance_loss, z_loss
+from steps.moe.head import Head
 from steps.moe.config import PRESETS, MoEConfig  # noqa: F401  (re-exported)
 from steps.moe.init import init_by_name
 from steps.moe.router import route
@@ -292,7 +293,7 @@ class MoETransformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.head = Head(cfg.dim, cfg.vocab_size, cfg.loss_chunk)  # nn.Linear, and the fused loss
 
     def init_std(self, fqn: str, shape: tuple[int, ...]) -> float | None:
         """The initial standard deviation of a parameter, by name: init_std, output projections
@@ -314,8 +315,10 @@ class MoETransformer(nn.Module):
             block.moe.routed_slots.zero_()
             block.moe.dropped_slots.zero_()
 
-    def forward(self, tokens_BS: Tensor) -> tuple[Tensor, Tensor]:
-        """Logits [B, S, V] and the router loss summed over layers."""
+    def forward(self, tokens_BS: Tensor, targets_BS: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits [B, S, V] and the router loss summed over layers; with `targets_BS`, the mean
+        cross-entropy (fp32, the head fused with the loss: steps/moe/head.py) instead of the
+        logits."""
         S = tokens_BS.shape[1]
         cos_SR, sin_SR = rope_tables(S, self.cfg.head_dim, self.cfg.rope_theta, tokens_BS.device)
         x_BSD = self.embed(tokens_BS)
@@ -323,12 +326,11 @@ class MoETransformer(nn.Module):
         for block in self.blocks:
             x_BSD, layer_loss = block(x_BSD, cos_SR, sin_SR)
             router_loss = router_loss + layer_loss
-        return self.head(self.norm(x_BSD)), router_loss
+        return self.head(self.norm(x_BSD), targets_BS), router_loss
 
     def loss(self, tokens_BS: Tensor, targets_BS: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy plus router losses, and the parts for logging."""
-        logits_BSV, router_loss = self(tokens_BS)
-        ce = F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets_BS.flatten())
+        ce, router_loss = self(tokens_BS, targets_BS)
         return ce + router_loss, {"ce": ce.detach(), "router": router_loss.detach()}
 
     def moe_layers(self) -> list[MoE]:

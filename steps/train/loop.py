@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from executor import StepContext
 from steps.data.refs import ref
@@ -183,8 +182,7 @@ class Trainer:
         for i, rows in enumerate(micro):
             seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
             with self.parallel.sync(self.model, last=i == len(micro) - 1):
-                logits, router_loss = self.model(seq[:, :-1])
-                ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
+                ce, router_loss = self.model(seq[:, :-1], seq[:, 1:])  # the head fused with the loss, chunked
                 ((ce + router_loss) / divisor).backward()
             sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
         lr = self.scheduler.get_last_lr()[0]

@@ -122,8 +122,13 @@ def test_the_anchors_micro_batch_is_the_one_its_published_peak_picks():
     measured 137.9 GiB."""
     from steps.scale.anchor import ANCHOR, ANCHOR_CHECKPOINTING, ANCHOR_MICROBATCH
 
-    setup = dataclasses.replace(FULL, efficiency=0.35)
+    # through the anchor's stack as assumed: XLA's static allocator (no fragmentation reserve) and
+    # the loss over whole logits (ours is fused and chunked since issue 22)
+    whole_loss = dataclasses.replace(FULL.model, loss_chunk=FULL.model.vocab_size)
+    setup = dataclasses.replace(FULL, efficiency=0.35, model=whole_loss, fragmentation=0.0)
     peaks = {mb: estimate(setup, Choice(EP64, mb, ANCHOR_CHECKPOINTING, "moments")).peak / GIB
              for mb in (1, 2, 4, 8, 16)}
     assert min(peaks, key=lambda mb: abs(peaks[mb] - ANCHOR.peak_gib)) == ANCHOR_MICROBATCH
-    assert abs(peaks[ANCHOR_MICROBATCH] / ANCHOR.peak_gib - 1) < 0.02
+    # within 5%: one chunk of our fused head keeps 10 bytes a logit where torch's unchunked
+    # cross-entropy (the model before issue 22, 2% off) kept 12
+    assert abs(peaks[ANCHOR_MICROBATCH] / ANCHOR.peak_gib - 1) < 0.05
