@@ -42,7 +42,7 @@ from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
 from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
 from steps.scale.anchor import ANCHOR
-from steps.scale.plan import Setup
+from steps.scale.plan import MEMORY_TARGET_GIB, Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
 from steps.train.watchdog import WatchdogConfig
@@ -187,7 +187,9 @@ class VoyageConfig:
     ep: int = 0  # expert-parallel ranks (inside dp_shard); 0: the plan's choice
     microbatch: int = 0  # sequences a GPU runs at once; 0: the plan's choice
     checkpointing: str = "auto"  # "none", "selective", "full", or "auto" (the plan's choice)
-    offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", or "auto" (the plan's)
+    offload: str = "auto"  # "none", "moments" (Adam's moments in host memory), "all", "replicas" (sharded over
+    # the replicas: a distributed optimizer), or "auto" (the plan's)
+    memory_target_gib: float = MEMORY_TARGET_GIB  # a GPU's memory a plan may use; above it: refused (plan.py says why)
     open_only: bool = False  # the exported model is for public release: only open licences may reach it
 
 
@@ -285,7 +287,8 @@ def setup_of(config: VoyageConfig) -> Setup:
     scale = FULL
     return Setup(model=dataclasses.replace(scale.model, vocab_size=scale.tokenizer_vocab), batch=scale.batch_size,
                  context=scale.seq_len - 1, gpus=config.gpus, mfu=config.mfu, efficiency=config.efficiency,
-                 hardware=dataclasses.replace(GB200_NVL72, peak_tflops=config.gpu_peak_tflops))
+                 hardware=dataclasses.replace(GB200_NVL72, peak_tflops=config.gpu_peak_tflops),
+                 memory_target_gib=config.memory_target_gib)
 
 
 def plan_of(config: VoyageConfig):  # -> (steps.scale.measure.Measured, alternatives); imports torch

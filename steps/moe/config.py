@@ -31,6 +31,13 @@ class MoEConfig:
     renormalize: bool = True
     route_scale: float = 1.0
     router_impl: str = "auto"  # "auto", "fused" or "reference" (steps/moe/router.py)
+    # Under expert parallelism, the rows a rank's experts take in one forward, at most this times
+    # the mean (the N = T*K slots every rank sends); past it, assignments are dropped (counted in
+    # the step's metrics: moe_dropped). 0: unbounded, dropless whatever the skew.
+    rank_capacity_factor: float = 0.0
+    # The head and the cross-entropy run fused, this many vocabulary rows at a time: no [T, V]
+    # logits are ever whole (steps/moe/head.py); the same value and gradient as unchunked.
+    loss_chunk: int = 8192
     z_loss_coef: float = 1e-4
     aux_loss_coef: float = 0.0
     bias_update_rate: float = 1e-3
@@ -44,6 +51,10 @@ class MoEConfig:
             raise ValueError(f"score_func must be softmax or sigmoid, got {self.score_func!r}")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must lie in [1, n_experts={self.n_experts}]")
+        if self.loss_chunk < 1:
+            raise ValueError(f"loss_chunk must be >= 1, got {self.loss_chunk}")
+        if self.rank_capacity_factor and self.rank_capacity_factor < 1:
+            raise ValueError(f"rank_capacity_factor must be 0 (unbounded) or >= 1, got {self.rank_capacity_factor}")
         if self.n_heads % self.n_kv_heads or self.head_dim % 2 or self.expert_align < 1:
             raise ValueError("n_heads must be a multiple of n_kv_heads, head_dim even, expert_align >= 1")
 
@@ -63,7 +74,8 @@ PRESETS: dict[str, MoEConfig] = {
     "medium": dataclasses.replace(
         _BIG, dim=2048, n_layers=24, n_heads=16, n_kv_heads=4, head_dim=128, n_experts=128,
         expert_dim=512, n_shared_experts=2, shared_expert_dim=1024),
-    "535b-a23b": _BIG,
+    # dropless up to 1.25x the mean rows a rank (the plan's buffers; issue 22), then dropped
+    "535b-a23b": dataclasses.replace(_BIG, rank_capacity_factor=1.25),
 }
 
 

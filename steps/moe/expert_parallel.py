@@ -22,7 +22,16 @@ forward on every rank of the group:
    when its rows are read, as torchtitan overlaps them); then un-sort, sum each token's K outputs
    weighted by the router in a fixed order, and add the shared experts' output.
 
-Dropless: every slot is sent and computed; the buffers are as large as the routing makes them.
+Capacity (`MoEConfig.rank_capacity_factor`, f > 0): dropless up to f times the mean rows a rank
+receives (every rank sends N slots, so the mean is N), bounded past it. Step 2 then all-gathers
+every rank's per-expert counts ([P, E] from each, P*E integers) instead of exchanging them, so
+every rank takes the same decision from the same numbers: a rank offered R > C = ceil(f*N)
+rows keeps floor(count * C / R) of each (source, expert) group (at most C in all), and the
+sender drops the rest of each group from its end (the last tokens of the micro-batch, as a
+capacity factor does). A dropped slot's output is zero: its token keeps its other experts and
+the shared experts. The buffers are then at most C rows; the drops are counted on the sending
+rank (`MoE.dropped_slots`, `take_dropped`) and reported in the metrics. f = 0: unbounded, the
+buffers as large as the routing makes them (one rank can receive P*N rows).
 The collectives are functional collectives (`torch.distributed._functional_collectives`), whose
 outputs selective activation checkpointing can save, so a recomputed block does not send its
 tokens again (steps/train/recompute.py).
@@ -30,10 +39,12 @@ tokens again (steps/train/recompute.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from steps.moe.model import MoE, _Dispatch, expert_ffn, expert_layout, local_weight
+from steps.moe.model import MoE, _Dispatch, _recomputing, expert_ffn, expert_layout, local_weight
 
 
 class AllToAllExperts:
@@ -55,16 +66,32 @@ class AllToAllExperts:
         T, K = idx_TK.shape
         P, e = self.size, self.per_rank
         flat_N = idx_TK.reshape(-1)
+        N = flat_N.numel()
         order_N = torch.argsort(flat_N, stable=True)
         pos_N = torch.empty_like(order_N)
-        pos_N[order_N] = torch.arange(flat_N.numel(), device=flat_N.device)  # slot -> row of the send buffer
-        x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), flat_N.numel())
-
-        sent_Pe = counts_E.view(P, e)
-        got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
-        got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
-        send = sent_Pe.sum(1).tolist()
+        factor = moe.cfg.rank_capacity_factor
+        if factor:
+            sent_Pe, got_Pe = self._bounded_counts(counts_E, math.ceil(factor * N))
+            # keep the first `sent` slots of each expert's group (in token order), drop the rest
+            start_E = torch.cumsum(counts_E, 0) - counts_E
+            sorted_N = flat_N[order_N]
+            kept_N = (torch.arange(N, device=flat_N.device) - start_E[sorted_N]) < sent_Pe.reshape(-1)[sorted_N]
+            send = sent_Pe.sum(1).tolist()  # the one host sync (the plan's trace answers it evenly)
+            n_kept = sum(send)
+            pos_N[order_N] = torch.where(kept_N, torch.cumsum(kept_N, 0) - 1, n_kept)  # dropped: a spare row
+            x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), n_kept + 1)[:n_kept]
+            if moe.training and not _recomputing():
+                moe.routed_slots += N
+                moe.dropped_slots += N - n_kept
+        else:
+            sent_Pe = counts_E.view(P, e)
+            pos_N[order_N] = torch.arange(N, device=flat_N.device)  # slot -> row of the send buffer
+            x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), N)
+            got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
+            got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
+            send = sent_Pe.sum(1).tolist()
         recv = got_Pe.sum(1).tolist()
+        self.received = sum(recv)  # rows this rank's experts took in its last forward
         x_RD = all_to_all_single_autograd(x_ND, recv, send, self.group)
 
         expert_R = torch.repeat_interleave(torch.arange(e, device=x_TD.device).repeat(P), got_Pe.reshape(-1),
@@ -74,9 +101,39 @@ class AllToAllExperts:
         y_QD = expert_ffn(x_QD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF), offs_e)
         y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)  # issued, not waited for
         shared_TD = beside() if beside is not None else None  # overlaps the combine all-to-all
+        if factor:  # a zero row for the dropped slots
+            y_ND = torch.nn.functional.pad(y_ND, (0, 0, 0, 1))
         y_TKD = y_ND[pos_N].view(T, K, -1)  # the wait
         out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
         return out_TD if shared_TD is None else out_TD + shared_TD
+
+
+    def _bounded_counts(self, counts_E: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+        """(what this rank sends to each rank's experts [P, e], what it receives from each rank
+        for its experts [P, e]) with no rank receiving more than `capacity` rows: every rank's
+        counts all-gathered, and the same floor(count * C / R) cut computed everywhere."""
+        import torch.distributed as dist
+        from torch.distributed._functional_collectives import all_gather_single
+
+        P, e = self.size, self.per_rank
+        every = all_gather_single(counts_E.to(torch.int64).contiguous(), 0, self.group)
+        every_SDe = torch.ops._c10d_functional.wait_tensor(every).view(P, P, e)  # source, destination, expert
+        offered_D = every_SDe.sum((0, 2))
+        keep_SDe = torch.where((offered_D > capacity).view(1, P, 1),
+                               every_SDe * capacity // offered_D.clamp_min(1).view(1, P, 1), every_SDe)
+        me = dist.get_rank(self.group)
+        return keep_SDe[me], keep_SDe[:, me]
+
+
+def take_dropped(layers) -> Tensor:
+    """[routed, dropped] token-expert assignments of `layers` (MoE modules) since the last call,
+    summed over the layers, and reset (the sending rank counts them; sum over ranks)."""
+    out = torch.stack([torch.stack([m.routed_slots for m in layers]).sum(),
+                       torch.stack([m.dropped_slots for m in layers]).sum()])
+    for m in layers:
+        m.routed_slots.zero_()
+        m.dropped_slots.zero_()
+    return out
 
 
 EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")

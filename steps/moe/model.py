@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from steps.moe.balance import aux_balance_loss, z_loss
+from steps.moe.head import Head
 from steps.moe.config import PRESETS, MoEConfig  # noqa: F401  (re-exported)
 from steps.moe.init import init_by_name
 from steps.moe.router import route
@@ -239,6 +240,10 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias_E", torch.zeros(E))
         # Tokens sent to each expert since the last bias update; summed over micro-batches.
         self.register_buffer("expert_load_E", torch.zeros(E), persistent=False)
+        # Token-expert assignments this rank sent and dropped past the rank capacity, since the
+        # last metrics row (steps/moe/expert_parallel.py; `take_dropped` reads and resets them).
+        self.register_buffer("routed_slots", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.register_buffer("dropped_slots", torch.zeros((), dtype=torch.int64), persistent=False)
         self.experts: Callable[..., Tensor] = LocalExperts()  # AllToAllExperts under expert parallelism
 
     def forward(self, x_BSD: Tensor) -> tuple[Tensor, Tensor]:
@@ -288,7 +293,7 @@ class MoETransformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.head = Head(cfg.dim, cfg.vocab_size, cfg.loss_chunk)  # nn.Linear, and the fused loss
 
     def init_std(self, fqn: str, shape: tuple[int, ...]) -> float | None:
         """The initial standard deviation of a parameter, by name: init_std, output projections
@@ -307,9 +312,13 @@ class MoETransformer(nn.Module):
         for block in self.blocks:
             block.moe.expert_bias_E.zero_()
             block.moe.expert_load_E.zero_()
+            block.moe.routed_slots.zero_()
+            block.moe.dropped_slots.zero_()
 
-    def forward(self, tokens_BS: Tensor) -> tuple[Tensor, Tensor]:
-        """Logits [B, S, V] and the router loss summed over layers."""
+    def forward(self, tokens_BS: Tensor, targets_BS: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits [B, S, V] and the router loss summed over layers; with `targets_BS`, the mean
+        cross-entropy (fp32, the head fused with the loss: steps/moe/head.py) instead of the
+        logits."""
         S = tokens_BS.shape[1]
         cos_SR, sin_SR = rope_tables(S, self.cfg.head_dim, self.cfg.rope_theta, tokens_BS.device)
         x_BSD = self.embed(tokens_BS)
@@ -317,12 +326,11 @@ class MoETransformer(nn.Module):
         for block in self.blocks:
             x_BSD, layer_loss = block(x_BSD, cos_SR, sin_SR)
             router_loss = router_loss + layer_loss
-        return self.head(self.norm(x_BSD)), router_loss
+        return self.head(self.norm(x_BSD), targets_BS), router_loss
 
     def loss(self, tokens_BS: Tensor, targets_BS: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy plus router losses, and the parts for logging."""
-        logits_BSV, router_loss = self(tokens_BS)
-        ce = F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets_BS.flatten())
+        ce, router_loss = self(tokens_BS, targets_BS)
         return ce + router_loss, {"ce": ce.detach(), "router": router_loss.detach()}
 
     def moe_layers(self) -> list[MoE]:

@@ -21,14 +21,20 @@ Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
   behind the block's compute (one block prefetched), exposed only where a block's share of
   them takes longer than its compute. With offload "all" each gather first copies the block's
   fp32 shards from the host, and each reduce-scatter sends its gradients back, over NVLink-C2C
-  on the same streams.
+  on the same streams. A rank's NVLink is one link: the all-to-alls of a block and its FSDP
+  collectives share it, so FSDP is exposed where the two together outlast the block.
 - HSDP all-reduce of the sharded fp32 gradients across dp_replicate, once a step (after the
   last micro-batch): across racks on the network (within a rack on NVLink when one rack holds
   several replicas). It runs during the last micro-batch's backward (block by block), so only
   what exceeds that backward is exposed.
+- with offload "replicas" (a distributed optimizer, steps/train/replicas.py) that all-reduce is
+  a reduce-scatter of the gradient shards over the replicas after the backward and an
+  all-gather of the weights after the update: the same bytes, none of it hidden (the code issues
+  both between the backward and the next forward).
 - the optimizer, after the backward: on the GPU, memory-bound over the shards; with offload
   "moments" the moments stream over NVLink-C2C both ways beside the update (double-buffered,
-  steps/train/offload.py), so the longer of the two counts; with "all" the update runs on the
+  steps/train/offload.py), so the longer of the two counts; the two GPUs of a Grace share its C2C
+  link and its memory (`Hardware.host_seconds`); with "all" the update runs on the
   Grace CPU (FSDP2's CPUOffloadPolicy), at torch's CPU AdamW rate.
 """
 
@@ -40,9 +46,9 @@ from typing import Any
 
 from steps.moe.config import flops_per_token as _flops_per_token, mean_keys
 from steps.scale.hardware import Hardware
-from steps.scale.memory import BF16, FP32, Mesh, Shards, shards
+from steps.scale.memory import BF16, FP32, Mesh, Shards, dense_block_shapes, shards
 
-OFFLOADS = ("none", "moments", "all")
+OFFLOADS = ("none", "moments", "all", "replicas")
 
 # Bytes an update moves a parameter: AdamW reads p, g, m, v and writes p, m, v (7 x fp32); the
 # gradient clipping before it reads g for the norm and reads and writes it to scale it (3 x fp32).
@@ -197,8 +203,8 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     exec_fwd = block_fwd + extra_fwd + masked_fwd  # a block's forward as executed, all blocks, per token
     lat = hw.collective_latency_us * 1e-6
     link_s = hw.link_bytes_per_s("nvlink")
-    host_s = hw.link_bytes_per_s("host")
     out: list[Collective] = []
+    a2a_fwd = a2a_bwd = (0.0, 0.0)  # (link seconds, exposed seconds) a block and micro-batch
 
     if ep:
         moved = min(load, stack.capacity_factor) if stack.capacity_factor else load
@@ -209,6 +215,11 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
         beside = L * micro * sends if stack.combine_beside_shared else 0
         shared_fwd = mb_tokens * 2 * 3 * _shared_w2(cfg) / rate  # one layer's shared experts, forward
         exposed = (calls - beside) * t_call + beside * max(0.0, t_call - shared_fwd)
+        # one block of one micro-batch: the link time of its all-to-alls and what of it the step
+        # waits for, forward (dispatch, combine) and backward (their reverses, a full recompute's pair)
+        combine_exposed = max(0.0, t_call - shared_fwd) if stack.combine_beside_shared else t_call
+        a2a_fwd = (2 * t_call, t_call + combine_exposed)
+        a2a_bwd = (2 * t_call * (1 + (sends == 2)), 2 * t_call + (t_call + combine_exposed) * (sends == 2))
         overlap = ("the forward's combine: the shared experts; the rest none (needed next)"
                    if beside else "none: its tokens are needed next")
         out.append(Collective("expert all-to-all", "nvlink", f"ep {mesh.ep}", calls * per_call, calls,
@@ -228,10 +239,13 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     if ag_block or ag_ends or c2c_block:
         per_block_fwd = mb_tokens * exec_fwd / L / rate
         per_block_bwd = 2 * per_block_fwd + mb_tokens * again / L / rate
-        ag_t = ag_block / link_s + c2c_block / host_s
-        rs_t = rs_block / link_s + c2c_block / host_s
-        exposed_mb = L * (max(0.0, ag_t - per_block_fwd) + max(0.0, ag_t + rs_t - per_block_bwd)) + ag_t
-        exposed = micro * (exposed_mb + (ag_ends + rs_ends) / link_s + 3 * c2c_ends / host_s)
+        ag_t = ag_block / link_s + hw.host_seconds(c2c_block, 0.0)
+        rs_t = rs_block / link_s + hw.host_seconds(0.0, c2c_block)
+        # The rank's NVLink carries its all-to-alls too: a block's wall time (compute, plus what
+        # of the all-to-all is waited for, plus what of FSDP is) must hold the link's busy time.
+        exposed_mb = L * (max(0.0, ag_t + a2a_fwd[0] - a2a_fwd[1] - per_block_fwd)
+                          + max(0.0, ag_t + rs_t + a2a_bwd[0] - a2a_bwd[1] - per_block_bwd)) + ag_t
+        exposed = micro * (exposed_mb + (ag_ends + rs_ends) / link_s + hw.host_seconds(2 * c2c_ends, c2c_ends))
         ag_calls = micro * (2 * L + 3)
         rs_calls = micro * (L + 2)
         ag_bytes = micro * (2 * L * ag_block + 2 * ag_ends)
@@ -239,7 +253,7 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
         c2c_bytes = micro * (3 * L * c2c_block + 3 * c2c_ends)  # up twice (forward, backward), down once
         ag_s = ag_bytes / link_s + ag_calls * lat
         rs_s = rs_bytes / link_s + rs_calls * lat
-        c2c_s = c2c_bytes / host_s
+        c2c_s = hw.host_seconds(micro * (2 * L * c2c_block + 2 * c2c_ends), micro * (L * c2c_block + c2c_ends))
         whole = ag_s + rs_s + c2c_s
         group = f"dp_shard {mesh.dp_shard}" + (f", efsdp {mesh.efsdp}" if mesh.efsdp > 1 else "")
         if ag_bytes or rs_bytes:
@@ -252,7 +266,20 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
                                   micro * (3 * L + 3), c2c_s, exposed * c2c_s / whole,
                                   "a block's compute, with its gather and reduce-scatter"))
 
-    if mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
+    if mesh.dp_replicate > 1 and offload == "replicas":
+        # the distributed optimizer (steps/train/replicas.py): one flat group of the replicas,
+        # per parameter tensor a reduce-scatter of its fp32 gradient shard after the backward and
+        # an all-gather of its fp32 weights after the update; neither overlaps anything
+        tensors = L * (len(dense_block_shapes(cfg)) + 3) + 3
+        link = "network" if racks > 1 else "nvlink"
+        per = FP32 * sh.total(L) * _ring(mesh.dp_replicate)
+        seconds = per / hw.link_bytes_per_s(link) + tensors * lat
+        group = f"dp_replicate {mesh.dp_replicate}" + (f" over {racks} racks" if racks > 1 else " in a rack")
+        out.append(Collective("replicas: reduce-scatter (fp32 grads)", link, group, per, tensors, seconds, seconds,
+                              "none: after the last backward, before the norm"))
+        out.append(Collective("replicas: all-gather (fp32 weights)", link, group, per, tensors, seconds, seconds,
+                              "none: after the update"))
+    elif mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
         grad_bytes = FP32 * sh.total(L)
         in_rack = min(replicas_per_rack, mesh.dp_replicate)
         nv_bytes = 2 * grad_bytes * _ring(in_rack)
@@ -274,11 +301,13 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     params = sh.total(L)
     if offload == "all":
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / hw.host_update_bytes_per_s()
+    elif offload == "replicas":  # the update on this rank's slice; clipping over the whole shard
+        optimizer = params * (ADAM_BYTES / mesh.dp_replicate + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
     else:
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
     if offload == "moments":
         moved = 2 * FP32 * params  # both moments, each way
-        seconds = moved / host_s
+        seconds = hw.host_seconds(moved, moved)  # the Grace's other GPU streams its moments at once
         out.append(Collective("Adam moments host <-> GPU", "host", "NVLink-C2C", moved, 2, seconds,
                               max(0.0, seconds - optimizer), "the update (side stream, double-buffered)"))
     return StepTime(efficiency=efficiency, compute=compute, routed_extra=routed_extra, masked_attention=masked,

@@ -22,13 +22,12 @@ class Hardware:
 
     name: str = "GB200 NVL72"
     gpus_per_rack: int = 72  # one NVLink domain
-    hbm_gb: float = 186.0  # HBM3e per GPU, GB (1e9 bytes)
-    hbm_limit: float = 0.9  # a plan fits when its peak is at most this share of HBM
+    hbm_gb: float = 186.0  # HBM3e per GPU, GB (1e9 bytes); the plan's target (Setup.memory_target_gib) sits below it
     peak_tflops: float = 2500.0  # dense bf16 per GPU
     hbm_tbps: float = 8.0  # HBM3e bandwidth per GPU, TB/s (elementwise recompute runs at this)
     nvlink_gbps: float = 900.0  # NVLink 5, GB/s each way per GPU, to any GPU of its rack
     network_gbits: float = 400.0  # between racks, Gb/s per GPU (one 400G NIC per GPU)
-    host_link_gbps: float = 450.0  # NVLink-C2C to the Grace CPU, GB/s each way per GPU
+    host_link_gbps: float = 450.0  # NVLink-C2C of one Grace CPU, GB/s each way, shared by its GPUs
     host_gb: float = 240.0  # host memory per GPU: 480 GB LPDDR5X per Grace, one Grace per 2 GPUs
     gpus_per_host: int = 2  # GPUs sharing one Grace CPU and its memory (a GB200 superchip)
     host_mem_gbps: float = 512.0  # LPDDR5X bandwidth of one Grace, GB/s (spec: up to 512)
@@ -36,15 +35,14 @@ class Hardware:
     # (the rest: the OS, the data loader, Ray, checkpoint staging)
     link_efficiency: float = 0.8  # share of a link's rate a collective reaches (bus bandwidth)
     collective_latency_us: float = 20.0  # fixed cost of one collective call
-    runtime_reserve_gb: float = 4.0  # CUDA context, NCCL communicators and cuBLAS workspaces
+    cuda_context_gb: float = 1.5  # CUDA context, kernels' modules and cuBLAS / cuDNN workspaces (assumed)
+    # NCCL's own buffers: a communicator a mesh dimension (dp_shard, ep, dp_replicate), each with
+    # channels of NCCL_BUFFSIZE (4 MiB) per peer and protocol; the two 64-rank ones dominate (assumed)
+    nccl_buffers_gb: float = 2.5
 
     @property
     def hbm_bytes(self) -> float:
         return self.hbm_gb * GB
-
-    @property
-    def limit_bytes(self) -> float:
-        return self.hbm_limit * self.hbm_bytes
 
     @property
     def peak_flops(self) -> float:
@@ -56,23 +54,34 @@ class Hardware:
         reaches (HOST_ADAM_EFFICIENCY, measured), split between the GPUs that share the Grace."""
         return self.host_mem_gbps * GB * self.link_efficiency * HOST_ADAM_EFFICIENCY / self.gpus_per_host
 
+    def host_seconds(self, up: float, down: float) -> float:
+        """Seconds one GPU's host traffic takes (`up` bytes to the GPU, `down` back) while every GPU
+        of its Grace moves as much: the C2C link (each way) and the Grace's LPDDR5X (both
+        directions together) are shared by `gpus_per_host` GPUs; the slower of the two counts."""
+        c2c = max(up, down) * self.gpus_per_host / self.link_bytes_per_s("host")
+        dram = (up + down) * self.gpus_per_host / (self.host_mem_gbps * GB * self.link_efficiency)
+        return max(c2c, dram)
+
     def link_bytes_per_s(self, link: str) -> float:
-        """Effective bytes/s one GPU moves each way on a link class ("nvlink", "network", "host")."""
+        """Effective bytes/s each way on a link class ("nvlink", "network": one GPU's; "host": one
+        Grace's C2C, which its GPUs share: `host_seconds`)."""
         raw = {"nvlink": self.nvlink_gbps * GB, "network": self.network_gbits / 8 * GB,
                "host": self.host_link_gbps * GB}[link]
         return raw * self.link_efficiency
 
     def assumptions(self) -> list[str]:
         return [
-            f"{self.name}: {self.hbm_gb:g} GB HBM3e a GPU (a plan fits under {self.hbm_limit:.0%}: "
-            f"{self.limit_bytes / GIB:.1f} GiB), {self.peak_tflops / 1000:g} PFLOP/s dense bf16, "
+            f"{self.name}: {self.hbm_gb:g} GB HBM3e a GPU ({self.hbm_bytes / GIB:.1f} GiB), "
+            f"{self.peak_tflops / 1000:g} PFLOP/s dense bf16, "
             f"{self.hbm_tbps:g} TB/s HBM",
             f"links a GPU, each way: NVLink 5 {self.nvlink_gbps:g} GB/s inside a rack of {self.gpus_per_rack}; "
             f"network {self.network_gbits:g} Gb/s between racks; NVLink-C2C {self.host_link_gbps:g} GB/s to "
-            f"its host ({self.host_gb:g} GB host memory a GPU); collectives reach {self.link_efficiency:.0%} "
-            f"of a link, +{self.collective_latency_us:g} us a call; {self.runtime_reserve_gb:g} GB a GPU "
-            f"for the CUDA context, NCCL and cuBLAS",
-            f"host: one Grace per {self.gpus_per_host} GPUs, {self.host_mem_gbps:g} GB/s LPDDR5X; torch's CPU AdamW "
+            f"a Grace, shared by its {self.gpus_per_host} GPUs ({self.host_gb:g} GB host memory a GPU); collectives "
+            f"reach {self.link_efficiency:.0%} of a link, +{self.collective_latency_us:g} us a call; "
+            f"{self.cuda_context_gb:g} GB a GPU for the CUDA context and cuBLAS, {self.nccl_buffers_gb:g} GB for "
+            f"NCCL's buffers",
+            f"host: one Grace per {self.gpus_per_host} GPUs, {self.host_mem_gbps:g} GB/s LPDDR5X (host traffic is "
+            f"bound by the shared C2C or the shared LPDDR5X, whichever is slower); torch's CPU AdamW "
             f"reaches {HOST_ADAM_EFFICIENCY:.0%} of a memory-bound update (measured on x86: bench/plan_535b.py "
             f"--host-adam); pinned optimizer state under {self.host_limit:.0%} of the host memory a GPU",
         ]

@@ -183,12 +183,20 @@ def working_bytes(cfg: Any, layer: int, t: Tokens, mode: str, mesh: Mesh) -> int
 
 
 def head_bytes(cfg: Any, microbatch: int, context: int) -> int:
-    """The peak of the final norm, head and cross-entropy, at the larger of two moments: the
-    loss (bf16 logits, their fp32 copy, the log-softmax kept for the backward and its fp32
-    gradient: 12 bytes a logit, and the norm's parts), or the head's weight gradient (bf16
-    [V, D]) beside the logits' bf16 gradient, when the micro-batch is small."""
+    """The peak of the final norm and the head fused with the cross-entropy (steps/moe/head.py:
+    c = loss_chunk vocabulary rows at a time), above its inputs: the head's weight gradient
+    (bf16 [V, D], allocated whole at the backward's start) plus the largest of three moments of
+    the backward, as the trace finds them: inside a chunk (its logits, their fp32 copy, the
+    softmax and its bf16 gradient: 14 bytes a logit, beside dh in fp32 and the saved input),
+    after the chunks (dh cast back and the norm's backward), and a chunk's weight-gradient
+    matmul on a short micro-batch (its [c, D] output beside the softmax and its gradient).
+    Unchunked (c = V) this was 12 x T x V: 6.3 GB at 535B and micro-batch 1, now 0.4 GB."""
     T, V, D = microbatch * context, cfg.vocab_size, cfg.dim
-    return max(12 * T * V + 4 * T * D, BF16 * V * D + 2 * T * V + 6 * T * D)
+    c = min(getattr(cfg, "loss_chunk", V), V)
+    in_chunk = T * ((14 if c < V else 10) * c + 8 * D)  # one chunk: no chunk's log-sum-exp to combine
+    after = T * 18 * D
+    weight_grad = 6 * T * c + 2 * c * D + 8 * T * D
+    return BF16 * V * D + max(in_chunk, after, weight_grad) + 13 * T
 
 
 def imbalance_bytes(cfg: Any, t: Tokens, mode: str, load_mean: float, load_peak: float) -> int:

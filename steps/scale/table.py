@@ -12,8 +12,10 @@ from steps.scale.comms import (
     masked_attention_flops_per_token,
     recompute_flops_per_token,
 )
+from steps.scale import memory as mem
 from steps.scale.hardware import GIB
-from steps.scale.plan import OFFLOAD_WORDS, Plan, estimate
+from steps.scale.memory import BF16, FP32
+from steps.scale.plan import OFFLOAD_WORDS, TIE, Plan, estimate
 
 
 def _gib(x: float) -> str:
@@ -46,11 +48,12 @@ def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]
     lines = ["  memory a GPU (its largest shards)           GiB   what, from where"]
     for row in plan.rows:
         lines.append(f"    {row.name:40s}{_gib(row.bytes)}   {row.note}")
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"    {'peak':40s}{_gib(plan.peak)}   of {hw.hbm_bytes / GIB:.1f} GiB ({hw.hbm_gb:g} GB); limit "
-                 f"{hw.hbm_limit:.0%} = {hw.limit_bytes / GIB:.1f} GiB: {verdict}; anchor {ANCHOR.peak_gib} GiB")
-    lines.append("    (peak = what of weights, grads and moments stays on the GPU + reserve + the larger of two moments: "
-                 "a block's backward with every block's kept activations, or the head and loss)")
+    lines.append(f"    {'peak':40s}{_gib(plan.peak)}   {plan.verdict()} (of {hw.hbm_bytes / GIB:.1f} GiB HBM); "
+                 f"anchor {ANCHOR.peak_gib} GiB")
+    lines.append(f"    (peak = what of weights, grads and moments stays on the GPU + CUDA context + NCCL buffers + the "
+                 f"larger of two moments: a block's backward with every block's kept activations, or the head and "
+                 f"loss + the fragmentation reserve on it; the target is the setting memory_target_gib, "
+                 f"{plan.setup.memory_target_gib:g} GiB, steps/scale/plan.py MEMORY_TARGET_GIB says why)")
     return lines
 
 
@@ -123,10 +126,45 @@ def efficiency_for(plan: Plan, target_s: float) -> float | None:
 
 
 def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[str]:
-    lines = [f"  the fastest meshes that fit on {chosen.setup.gpus} GPUs (closed form; first = the search's choice):"]
-    for p in plans[:top]:
+    lines = [f"  the fastest meshes under the {chosen.setup.memory_target_gib:g} GiB target on {chosen.setup.gpus} GPUs "
+             f"(closed form, by step time; * = the search's choice, the fastest or a lighter one within "
+             f"{TIE:.0%}):"]
+    shown = plans[:top]
+    if all(p.choice != chosen.choice for p in shown):
+        shown = [*plans[:top - 1], next((p for p in plans if p.choice == chosen.choice), chosen)]
+    for p in sorted(shown, key=lambda p: (p.time.total, p.peak)):
         mark = "*" if p.choice == chosen.choice else " "
         lines.append(f"   {mark} {p.time.total:6.2f} s {p.peak / GIB:7.1f} GiB  {p.ranks:4d} GPUs  {p.choice.describe()}")
+    return lines
+
+
+def cross_rack_lines(plan: Plan) -> list[str]:
+    """Why the state is (or is not) sharded across racks: the same step with the distributed
+    optimizer across the replicas, and with expert FSDP spanning the racks, against the choice."""
+    s, c, m = plan.setup, plan.choice, plan.choice.mesh
+    if m.dp_replicate == 1:
+        return ["  cross-rack sharding: none to do (one replica)"]
+    lines = ["  cross-rack sharding of the optimizer state (issue 22):"]
+    if c.offload == "replicas":
+        other = estimate(s, dataclasses.replace(c, offload="moments"))
+        lines.append(f"    chosen: the distributed optimizer across the {m.dp_replicate} replicas (offload replicas); "
+                     f"with the moments on the host instead: {other.time.total:.2f} s, {other.peak / GIB:.1f} GiB "
+                     f"({other.verdict()})")
+    else:
+        alt = estimate(s, dataclasses.replace(c, offload="replicas"))
+        why = ("slower" if alt.time.total >= plan.time.total else
+               f"{-alt.margin / GIB:.2f} GiB above the {s.memory_target_gib:g} GiB target" if not alt.fits else
+               "within the search's tie, heavier")
+        lines.append(f"    the distributed optimizer across the {m.dp_replicate} replicas (offload replicas) on this "
+                     f"mesh: {alt.time.total:.2f} s ({alt.time.total - plan.time.total:+.2f} s), {alt.peak / GIB:.1f} GiB, "
+                     f"no host memory: not chosen, {why}")
+    sh = mem.shards(s.model, m)
+    racks, micro = plan.racks, s.batch // m.ranks // c.microbatch
+    moved = micro * s.model.n_layers * (2 * BF16 + FP32) * sh.experts_per_block * (racks - 1) / racks
+    net = moved / s.hardware.link_bytes_per_s("network")
+    lines.append(f"    expert FSDP spanning the {racks} racks instead: each block's experts gathered (forward, backward) "
+                 f"and their gradients reduce-scattered over the network every micro-batch, {moved / 1e12:.2f} TB a GPU "
+                 f"a step = {net:.1f} s on the network against {plan.time.executed:.1f} s of compute: not built")
     return lines
 
 
@@ -136,6 +174,8 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
     s = plan.setup
     lines = [f"plan of the training step on {s.gpus} {s.hardware.name.split()[0]} ({s.racks} rack"
              f"{'s' * (s.racks > 1)} of {s.hardware.gpus_per_rack}):", "  " + placement_line(plan)]
+    lines.append(f"  memory target {s.memory_target_gib:g} GiB a GPU (memory_target_gib), enforced; tolerated skew: "
+                 f"{s.skew_words()}")
     if measured_note:
         lines.append("  " + measured_note)
     lines += memory_table(plan)
@@ -143,6 +183,7 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
         lines.append(f"    closed form of the same: {formula.peak / GIB:.2f} GiB peak "
                      f"({(formula.peak / plan.peak - 1):+.1%}; the search ranks meshes with it)")
     lines += comm_table(plan)
+    lines += cross_rack_lines(plan)
     if alternatives:
         lines += alternatives_table(alternatives, plan)
     lines.append("  assumptions:")
@@ -153,7 +194,7 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
               f"steps/scale/anchor.py); FSDP collectives hidden behind a block's compute up to its length; the "
               f"cross-rack all-reduce behind the last micro-batch's backward",
               f"    expert load: the busiest EP rank gets {s.load_mean:g}x the mean rows on average (time, kept "
-              f"activations) and {s.load_peak:g}x in its worst micro-batch (buffers); routing is dropless",
+              f"activations) and {s.skew_bound:g}x in its worst micro-batch (buffers)",
               "    activations as torch's CPU kernels keep them (RMSNorm's fp32 parts, the eager router): the GPU's "
               "fused kernels keep less"]
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from steps.train.spikes import SpikeConfig
 from steps.train.watchdog import WatchdogConfig
 
 CHECKPOINTING = ("none", "selective", "full")
-OFFLOAD = ("none", "moments", "all")
+OFFLOAD = ("none", "moments", "all", "replicas")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 TRACKERS = ("wandb", "none")
@@ -175,6 +175,10 @@ class ParallelConfig:
     `offload="moments"` (the anchor's choice at 535B) keeps the two AdamW moments of each rank's
     shards in pinned host memory and streams them through the device one parameter at a time for
     the update (steps/train/offload.py); weights and gradients stay on the device.
+    `offload="replicas"` keeps nothing on the host: the AdamW moments are sharded over the
+    `dp_replicate` replicas as well (a distributed optimizer, steps/train/replicas.py): gradients
+    reduce-scattered across replicas instead of all-reduced, each rank updating its slice and the
+    parameters all-gathered once a step.
     `offload="all"` keeps the fp32 weight shards, their gradients and the AdamW state on the host
     (FSDP2's CPUOffloadPolicy): weights are copied to the device for each all-gather, gradients
     back after each reduce-scatter, and the optimizer step runs on the CPU. Neither is measured
@@ -187,7 +191,8 @@ class ParallelConfig:
     dp_shard: int = -1
     ep: int = 1
     checkpointing: str = "none"  # "none", "selective" (save matmul and all-to-all outputs), "full"
-    offload: str = "none"  # "moments": AdamW moments in host memory; "all": weights, gradients too
+    offload: str = "none"  # "moments": AdamW moments in host memory; "all": weights, gradients too;
+    # "replicas": the moments sharded over dp_replicate (no host memory)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard"):

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from executor import NonFinite, StepContext
 from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
+from steps.moe.expert_parallel import take_dropped
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
@@ -89,8 +89,8 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     return parallel.wrap(model)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none"
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none",
+                    replicas: Any = None) -> torch.optim.Optimizer:
     """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
     optimizer (and scheduler) state saved on one mesh loads on any other. With offload="moments",
     the moments live in host memory (steps/train/offload.py). Else fused on the GPU when every
@@ -100,6 +100,11 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offl
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
+    if offload == "replicas":  # the moments sharded over dp_replicate too (steps/train/replicas.py)
+        from steps.train.replicas import ReplicaShardedAdamW
+
+        return ReplicaShardedAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                   weight_decay=cfg.weight_decay, **({"replicas": replicas} if replicas else {}))
     if offload == "moments":
         from steps.train.offload import HostMomentsAdamW
 
@@ -140,7 +145,8 @@ class Trainer:
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()
-        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload)
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload,
+                                         getattr(self.parallel, "replicas", None))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
         self.context = job.phases.seq_len - 1
@@ -204,8 +210,7 @@ class Trainer:
             for i, rows in enumerate(micro):
                 seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
                 with self.parallel.sync(self.model, last=i == len(micro) - 1):
-                    logits, router_loss = self.model(seq[:, :-1])
-                    ce = F.cross_entropy(logits.flatten(0, 1).float(), seq[:, 1:].flatten())
+                    ce, router_loss = self.model(seq[:, :-1], seq[:, 1:])  # the head fused with the loss, chunked
                     ((ce + router_loss) / divisor).backward()
                 sums += torch.stack([ce.detach(), router_loss.detach().float(), torch.ones((), device=self.device)])
                 step_ce += ce.detach()
@@ -265,12 +270,16 @@ class Trainer:
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
+        drops = take_dropped(self.layers).float()  # [routed, dropped] past the rank capacity (issue 22)
+        if dist.is_initialized():
+            dist.all_reduce(drops)
         norm = grad_norm
         events = [e for e in self.spikes.events if e["step"] >= self.step - self.tcfg.log_every]
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
                 "bias_norm": torch.stack([m.expert_bias_E for m in self.layers]).norm().item(),
+                "moe_dropped": int(drops[1]), "moe_dropped_share": (drops[1] / drops[0].clamp_min(1)).item(),
                 "tokens": self.tokens, "time": time.time(), "phase": self.job.phase,
                 "health": health_row(load_LE, self.layers, self.entropy.mean()),
                 **({"events": events} if events else {})}

@@ -37,6 +37,9 @@ Components (`build_parallel`):
 - `FSDP`: everything else (bf16 always, and offload="all"): FSDP2 / HSDP with expert parallelism. Every
   micro-batch reduce-scatters its gradients (only sharded gradients are ever accumulated); with
   HSDP, the all-reduce across replicas waits for the last micro-batch.
+- `ShardedReplicas` (offload="replicas"): FSDP with a distributed optimizer across the replicas
+  (steps/train/replicas.py): the last micro-batch's gradients are reduce-scattered across
+  replicas instead of all-reduced, and the optimizer all-gathers the parameters once a step.
 
 Precision: bf16 on the GPU, fp32 on the CPU. bf16 always goes through FSDP2's policy (parameters
 gathered in bf16, gradients reduced in fp32, fp32 master weights; a 1-rank process group when
@@ -59,7 +62,7 @@ from steps.train.config import ParallelConfig  # noqa: F401  (re-exported: the p
 from steps.train.recompute import apply_checkpointing
 
 __all__ = ["ParallelConfig", "Meshes", "build_meshes", "parallelize", "materialize", "mixed_precision",
-           "build_parallel", "arrange", "clip_grad_norm", "Single", "DDP", "FSDP"]
+           "build_parallel", "arrange", "clip_grad_norm", "Single", "DDP", "FSDP", "ShardedReplicas"]
 
 
 @dataclass
@@ -74,14 +77,20 @@ class Meshes:
     @property
     def dp_mesh(self):
         """The mesh FSDP2 shards dense parameters on: 1-D dp_shard, or 2-D for HSDP."""
-        return self.dense if self.pc.dp_replicate > 1 else self.dense["dp_shard"]
+        return self.dense if self.hsdp else self.dense["dp_shard"]
+
+    @property
+    def hsdp(self) -> bool:
+        """FSDP2 replicates across dp_replicate itself (HSDP); not with offload="replicas", whose
+        optimizer does that sync (steps/train/replicas.py)."""
+        return self.pc.dp_replicate > 1 and self.pc.offload != "replicas"
 
     @property
     def expert_dp_mesh(self):
         """The mesh FSDP2 shards expert weights on: efsdp, or (dp_replicate, efsdp) for HSDP."""
         if self.sparse is None:
             return self.dp_mesh
-        return self.sparse["dp_replicate", "efsdp"] if self.pc.dp_replicate > 1 else self.sparse["efsdp"]
+        return self.sparse["dp_replicate", "efsdp"] if self.hsdp else self.sparse["efsdp"]
 
     @property
     def ep_mesh(self):
@@ -295,6 +304,29 @@ class FSDP(Single):
         yield
 
 
+class ShardedReplicas(FSDP):
+    """FSDP2 / HSDP whose replicas share the optimizer state (`offload="replicas"`,
+    steps/train/replicas.py): no all-reduce across replicas; after the last micro-batch each
+    rank keeps its slice of the gradients summed over its replicas, so gradient norms are
+    summed over every rank."""
+
+    def __init__(self, meshes: Meshes, precision: str) -> None:
+        from steps.train.replicas import Replicas
+
+        super().__init__(meshes, precision)
+        self.replicas = Replicas.of(meshes.dense)
+        if self.replicas.size > 1:  # every rank owns a slice of every gradient shard
+            self.norm_group = dist.group.WORLD
+
+    @contextlib.contextmanager
+    def sync(self, model: nn.Module, last: bool) -> Iterator[None]:
+        from steps.train.replicas import reduce_gradients
+
+        yield
+        if last:
+            reduce_gradients(model.parameters(), self.replicas)
+
+
 def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
                    ranks: list[int] | None = None) -> Single:
     """The component for this run: FSDP for bf16, offload="all" or any sharding, DDP for fp32
@@ -308,9 +340,10 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     if not dist.is_initialized():
         return Single(pc)
     ranks = list(range(world)) if ranks is None else ranks
-    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and pc.offload != "all":
+    if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and pc.offload not in ("all", "replicas"):
         return DDP(pc, device, ranks)
-    return FSDP(build_meshes(pc, device.type, ranks), precision)
+    component = ShardedReplicas if pc.offload == "replicas" else FSDP
+    return component(build_meshes(pc, device.type, ranks), precision)
 
 
 def arrange(pc: ParallelConfig, device: torch.device, precision: str) -> tuple[Single, list, list[int]]:

@@ -1,7 +1,7 @@
 """Helpers of the mesh tests: run a pretrain job's Trainer on N spawned gloo processes (or in this
 process) and write, from rank 0, the full state dicts it had at the moments the tests compare:
 right after it was built (`init.pt`), right after it resumed from a checkpoint (`resumed.pt`),
-and a checkpoint loaded into a fresh model on the same mesh after training (`loaded.pt`)."""
+after its last step (`final.pt`), and a checkpoint loaded into a fresh model on the same mesh after training (`loaded.pt`)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def mesh_run(job, out: str, load: str | None = None) -> None:
         if trainer.step > job.start:
             dump(trainer.model, f"{out}/resumed.pt")
         trainer.train()
+        dump(trainer.model, f"{out}/final.pt")
         if load:
             model = build_model(job.model_config, job.config.trainer.seed, trainer.device, trainer.parallel)
             checkpoint.load(load, model, None)
@@ -84,6 +85,10 @@ def run_mesh(cfg: TrainConfig, output: str, workers: int, load: str | None = Non
 
 def losses(output: str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, open(f"{output}/metrics.jsonl"))}
+
+
+def metric(output: str, name: str) -> dict[int, float]:
+    return {r["step"]: r[name] for r in map(json.loads, open(f"{output}/metrics.jsonl"))}
 
 
 def seed_checkpoint(source: str, step: int, output: str) -> None:

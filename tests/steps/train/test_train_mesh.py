@@ -8,7 +8,9 @@ all-reduce waits for the last one). Processes: `steps.train.launch.spawn`, the l
 uses when Ray is not running. Every run is the real Trainer, from a model built on `meta`,
 sharded there and initialized by parameter name. Then the ep=4 run's step-10 checkpoint is
 loaded on the HSDP mesh, on 2 processes as ep=2 (which resume from it and train on), and on one
-process (which resumes too).
+process (which resumes too). The same HSDP mesh with AdamW sharded over its replicas
+(`offload="replicas"`, issue 22) trains from scratch and is held to one process in loss,
+gradient norm and weights; one process resumes from its step-10 checkpoint.
 
 Racks: a `ray.cluster_utils.Cluster` whose two nodes carry the rack labels "r1" and "r0"
 (rack_host.py, a process of its own), a pretrain step on 4 Ray Train workers (gloo) as
@@ -32,12 +34,17 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from meshkit import config, losses, run_eval, run_mesh, seed_checkpoint  # noqa: E402
+from meshkit import config, losses, metric, run_eval, run_mesh, seed_checkpoint  # noqa: E402
 from trainkit import make_mixture  # noqa: E402
 
 from steps.train.config import ParallelConfig  # noqa: E402
 
 TOLERANCE = 1e-5  # relative difference of a step's loss
+# Gradient norms and weights drift further apart than losses between meshes (reduction order):
+# plain HSDP against one process after 20 steps, 6.8e-5 on a norm and 5.1e-5 on a weight (norm of
+# the difference over the norm), and the replica-sharded optimizer the same to two digits.
+NORM_TOLERANCE = 2e-4
+WEIGHT_TOLERANCE = 2e-4
 RACK_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rack_host.py")
 
 
@@ -73,9 +80,15 @@ def runs(tokens, racks, tmp_path_factory):
     ckpt = f"{out['ep4']}/checkpoints/step-10"
     out["hsdp"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2),
                            str(root / "hsdp"), 4, load=ckpt)
-    for name, pc, workers in (("ep2-resumed", ParallelConfig(ep=2), 2), ("one-resumed", ParallelConfig(), 1),
-                              ("ep2-moments", ParallelConfig(ep=2, offload="moments"), 2)):
-        seed_checkpoint(out["ep4"], 10, str(root / name))
+    # the distributed optimizer across replicas (issue 22): the HSDP mesh with AdamW's state
+    # sharded over dp_replicate, from scratch; it loads the ep=4 checkpoint too
+    out["replicas"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2, offload="replicas"),
+                                      microbatch=2), str(root / "replicas"), 4, load=ckpt)
+    for name, pc, workers, source in (("ep2-resumed", ParallelConfig(ep=2), 2, "ep4"),
+                                      ("one-resumed", ParallelConfig(), 1, "ep4"),
+                                      ("ep2-moments", ParallelConfig(ep=2, offload="moments"), 2, "ep4"),
+                                      ("one-from-replicas", ParallelConfig(), 1, "replicas")):
+        seed_checkpoint(out[source], 10, str(root / name))
         out[name] = run_mesh(config(mix, pc), str(root / name), workers)
     out["eval-one"] = run_eval(out["ep4"], str(root / "eval-one"), 1, ParallelConfig())
     out["eval-ep2"] = run_eval(out["ep4"], str(root / "eval-ep2"), 2, ParallelConfig(ep=2))
@@ -165,3 +178,33 @@ def test_workers_are_ordered_by_rack_and_no_ep_group_crosses_one(runs, racks):
     assert keys == sorted(keys)
     for group in (places[0:2], places[2:4]):  # the ep groups, and the dp_shard groups of each replica
         assert len({p["rack"] for p in group}) == 1
+
+
+def test_adamw_sharded_over_replicas_trains_like_one_process(runs):
+    """Loss, gradient norm and every weight after 20 steps, not the loss alone: AdamW's scale
+    invariance would hide a wrong gradient divisor behind the loss."""
+    ref, got = runs["one"], runs["replicas"]
+    _close(losses(got), losses(ref), range(1, 21))
+    want_norm, got_norm = metric(ref, "grad_norm"), metric(got, "grad_norm")
+    assert all(abs(got_norm[s] - want_norm[s]) <= NORM_TOLERANCE * want_norm[s] for s in range(1, 21))
+    want, have = _state(ref, "final"), _state(got, "final")
+    assert want.keys() == have.keys()
+    off = {k: float((have[k] - want[k]).norm() / want[k].norm()) for k in want}
+    assert max(off.values()) <= WEIGHT_TOLERANCE, max(off.items(), key=lambda kv: kv[1])
+    assert not torch.equal(want["blocks.0.moe.w1_EFD"], _state(ref, "init")["blocks.0.moe.w1_EFD"])  # it trained
+    # and plain HSDP on the same mesh, whose all-reduce it replaces, to the same digits
+    _close(losses(got), losses(runs["hsdp"]), range(1, 21))
+
+
+def test_a_replica_sharded_checkpoint_reshards_to_and_from_any_mesh(runs, tmp_path):
+    # to it: the ep=4 checkpoint loads on the replica-sharded mesh as on plain HSDP
+    _same(_state(runs["replicas"], "loaded"), _state(runs["hsdp"], "loaded"))
+    # from it: one process resumes its step-10 state and trains on as it did
+    assert sorted(losses(runs["one-from-replicas"])) == list(range(11, 21))
+    _close(losses(runs["one-from-replicas"]), losses(runs["replicas"]), range(11, 21))
+    # its checkpoint holds the full moments under plain AdamW's keys, as plain HSDP's does
+    sharded, plain = _checkpoint(runs["replicas"], 20, tmp_path), _checkpoint(runs["hsdp"], 20, tmp_path)
+    assert sharded.keys() == plain.keys() and any(k.endswith(".exp_avg_sq") for k in sharded)
+    assert all(sharded[k].shape == plain[k].shape for k in plain if hasattr(plain[k], "shape"))
+    moments = [k for k in plain if k.endswith(".exp_avg")]
+    assert max(float((sharded[k] - plain[k]).norm() / plain[k].norm()) for k in moments) <= WEIGHT_TOLERANCE
