@@ -24,6 +24,7 @@ from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
+from executor.lineage_view import step_span
 from executor.plan import Plan, Selection
 from executor.runner import RunSummary
 from executor.state import StepState
@@ -66,6 +67,7 @@ __all__ = [
     "run_only",
     "run_plan",
     "run_steps",
+    "step_span",
     "step_type",
     "this_output",
     "write_atomic",
