@@ -402,3 +402,19 @@ def test_descendants_through_import_and_export(v535, tmp_path):
                          "midtrain/again": "import/laptop step-0"}
     assert held(42)["export/early"] == "pretrain/laptop step-100"
     assert held(None) == {}
+
+
+def test_the_text_cuts_long_lists_and_says_so_the_json_never_does():
+    from steps.provenance.which_saw import Answer, Found, Training
+
+    steps = list(range(0, 60, 2))  # 30 runs of one step
+    t = Training(step="pretrain/x", phase="pretrain", state="CACHED", steps=steps, phase_steps=(0, 64),
+                 first_checkpoint=1, checkpoints_now=[64])
+    answer = Answer(source="s", id="d", found=Found("d", 0, 0), survived=True, keeper=None, dataset="tokenized/s",
+                    document=0, span=(0, 10), sequences=[s * 4 for s in steps], untrained=[], training=[t])
+    text = answer.describe()
+    assert "... (18 more runs)" in text and "(lists cut short; --json gives them whole)" in text
+    whole = answer.describe(limit=None)
+    assert "more runs" not in whole and "cut short" not in whole and "58" in whole
+    assert answer.to_json()["training"][0]["optimizer_steps"] == steps
+    assert answer.to_json()["training"][0]["phase_steps"] == {"first": 0, "last": 63}
