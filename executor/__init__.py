@@ -36,6 +36,7 @@ from executor.errors import IdentityError, VoyageError
 from executor.failures import Hang, NonFinite
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
+from executor.lineage_view import step_span
 from executor.plan import Plan, Selection
 from executor.runner import RunSummary
 from executor.state import StepState
@@ -83,6 +84,7 @@ __all__ = [
     "run_plan",
     "run_steps",
     "served_url",
+    "step_span",
     "step_type",
     "this_output",
     "write_atomic",

@@ -33,6 +33,7 @@ class Options:
     viz: str | None
     explain: str | None
     which_saw: str | None
+    json: bool
     lineage: str | None
     consumers: str | None
     rerun: tuple[str, ...]
@@ -68,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="show step NAME's digest tree and what changed since its last output; run nothing")
     p.add_argument("--which-saw", metavar="SOURCE:DOC_ID",
                    help="which training steps and checkpoints saw this document (from the prefix); run nothing")
+    p.add_argument("--json", action="store_true",
+                   help="with --which-saw: print the answer as JSON, every list whole")
     _add_lineage_flags(p)
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
@@ -134,10 +137,13 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
         except argparse.ArgumentTypeError as e:
             raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
     prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
+    if ns.json and not ns.which_saw:
+        raise VoyageError("--json: only with --which-saw (the answer it prints as JSON)")
     if not prefix.strip():
         where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
         raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
     opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, which_saw=ns.which_saw,
+                   json=ns.json,
                    lineage=ns.lineage, consumers=ns.consumers, rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
@@ -322,7 +328,13 @@ def _which_saw(opts: Options, plan: Plan) -> int:
 
     which = importlib.import_module("steps.provenance.which_saw")
     source, doc_id = which.parse_query(opts.which_saw)
-    print(which.which_saw(plan, source, doc_id).describe())
+    answer = which.which_saw(plan, source, doc_id)
+    if opts.json:
+        import json
+
+        print(json.dumps(answer.to_json(), indent=1))
+    else:
+        print(answer.describe())
     return 0
 
 

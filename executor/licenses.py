@@ -2,7 +2,8 @@
 reach a step.
 
 A licence is an SPDX id where one exists (`License("CC-BY-4.0")`, checked against the SPDX list
-that `packaging` ships and written in its canonical case), else a short name with the URL of its
+that `packaging` ships and written in its canonical case; a deprecated id in its current form,
+`GPL-3.0` as `GPL-3.0-only`, so one licence has one spelling and one digest), else a short name with the URL of its
 terms (`License("NVIDIA data agreement", url="https://...")`). An id that looks like no SPDX id and
 has no URL is refused, naming the closest SPDX ids, so a typo (`CC-BY-4.1`) is never taken for a
 licence nobody can look up.
@@ -28,14 +29,29 @@ from typing import Any, Iterable
 from executor.errors import VoyageError
 
 
+# Deprecated SPDX ids whose replacement is not the `-only`/`-or-later` form (SPDX's own notes).
+_REPLACED = {"BSD-2-Clause-FreeBSD": "BSD-2-Clause", "BSD-2-Clause-NetBSD": "BSD-2-Clause",
+             "StandardML-NJ": "SMLNJ", "bzip2-1.0.5": "bzip2-1.0.6", "Nunit": "zlib-acknowledgement"}
+
+
 @functools.lru_cache(maxsize=1)
 def _spdx() -> dict[str, str]:
-    """lower-case SPDX id -> its canonical spelling (licences and the exception-free ids)."""
+    """lower-case SPDX id -> its canonical spelling (licences and the exception-free ids); a
+    deprecated id -> the id that replaced it, where SPDX names one (GPL-3.0 -> GPL-3.0-only,
+    GPL-2.0+ -> GPL-2.0-or-later), else itself."""
     # The SPDX list as `packaging` (>= 24.2, PEP 639) ships it, one release of the list per
     # release of packaging; its public API only validates whole expressions, so the table is read.
     from packaging.licenses._spdx import LICENSES
 
-    return {key: value["id"] for key, value in LICENSES.items()}
+    table = {key: value["id"] for key, value in LICENSES.items()}
+    for key, value in LICENSES.items():
+        if not value.get("deprecated"):
+            continue
+        old = value["id"]
+        new = _REPLACED.get(old) or (old[:-1] + "-or-later" if old.endswith("+") else old + "-only")
+        if new.lower() in LICENSES and not LICENSES[new.lower()].get("deprecated"):
+            table[key] = LICENSES[new.lower()]["id"]
+    return table
 
 
 def spdx_id(text: str) -> str | None:
@@ -120,18 +136,32 @@ OPEN_LICENSES = frozenset({
 
 @dataclass(frozen=True)
 class LicensePolicy:
-    """Which licences may reach a step (or every step of a voyage): `allow` holds licence ids
-    (SPDX ids in any case, or the short names of other licences). Checked when the plan is made,
-    from the DAG alone: a voyage where another licence would reach the step is refused before
-    anything runs."""
+    """Which licences may reach a step (or every step of a voyage): those `allow` names (all when it
+    is None) less those `deny` names. Entries are checked as sources' licences are: an SPDX id in
+    any case (a deprecated one taken in its current form), NOASSERTION, "public domain", or a
+    `License(name, url=...)` as the source declares it; anything else is refused naming the
+    closest ids, so a typo never makes a policy that matches nothing. Names that are not SPDX ids
+    match in any case and spacing. Checked when the plan is made, from the DAG alone: a voyage
+    where a refused licence would reach the step is stopped before anything runs."""
 
-    allow: frozenset[str]
+    allow: frozenset[str] | None = None  # None: any licence that `deny` does not name
     name: str = ""  # how the plan and errors call it ("open licences only")
+    deny: frozenset[str] = frozenset()  # refused even when `allow` names them
 
     def __post_init__(self) -> None:
-        if isinstance(self.allow, str):
-            raise VoyageError(f"LicensePolicy(allow={self.allow!r}): give a collection of licence ids, not one string")
-        object.__setattr__(self, "allow", frozenset(spdx_id(a) or " ".join(str(a).split()) for a in self.allow))
+        for name in ("allow", "deny"):
+            given = getattr(self, name)
+            if given is None:
+                continue
+            if isinstance(given, (str, License)):
+                raise VoyageError(f"LicensePolicy({name}={given!r}): give a collection of licence ids, not one string or licence")
+            object.__setattr__(self, name, frozenset(policy_id(a, f"LicensePolicy({name}=...)") for a in given))
+        if self.allow is None and not self.deny:
+            raise VoyageError("LicensePolicy: give `allow` (the licences that may reach the step) or `deny` (those "
+                              "that may not)")
+        # what a licence is matched by: SPDX ids are canonical already; other names in any case
+        object.__setattr__(self, "_allow_keys", None if self.allow is None else frozenset(map(_key, self.allow)))
+        object.__setattr__(self, "_deny_keys", frozenset(map(_key, self.deny)))
 
     @classmethod
     def open_only(cls, also: Iterable[str] = ()) -> "LicensePolicy":
@@ -141,11 +171,46 @@ class LicensePolicy:
         name = "open licences only" + (f" (and {', '.join(extra)})" if extra else "")
         return cls(OPEN_LICENSES | frozenset(extra), name=name)
 
-    def allows(self, license: License) -> bool:
-        return license.id in self.allow
+    def allows(self, license: "License | str") -> bool:
+        """Whether this licence (or licence id) may reach the step."""
+        key = _key(license.id if isinstance(license, License) else license)
+        allowed = self._allow_keys is None or key in self._allow_keys  # type: ignore[attr-defined]
+        return allowed and key not in self._deny_keys  # type: ignore[attr-defined]
 
     def describe(self) -> str:
-        return self.name or "allows " + ", ".join(sorted(self.allow))
+        if self.name:
+            return self.name
+        parts = [] if self.allow is None else ["allows " + ", ".join(sorted(self.allow))]
+        return "; ".join(parts + (["denies " + ", ".join(sorted(self.deny))] if self.deny else []))
+
+
+def _key(text: str) -> str:
+    """What two spellings of one licence share: the canonical SPDX id, else the name in lower case
+    with its spaces collapsed ("Public  Domain" and "public domain" are one licence)."""
+    return spdx_id(text) or " ".join(str(text).split()).casefold()
+
+
+_NAMES = {NOASSERTION_ID.casefold(): NOASSERTION_ID, PUBLIC_DOMAIN: PUBLIC_DOMAIN}  # non-SPDX words taken bare
+
+
+def policy_id(entry: "License | str", where: str) -> str:
+    """A policy entry as the id it matches: an SPDX id (canonical), NOASSERTION, "public domain",
+    or the id of a `License` (a name with the URL of its terms, checked when it was made). Any
+    other string is refused, naming the closest ids."""
+    if isinstance(entry, License):
+        return entry.id
+    if not isinstance(entry, str) or not entry.strip():
+        raise VoyageError(f"{where}: {entry!r} is not a licence id")
+    found = spdx_id(entry) or _NAMES.get(" ".join(entry.split()).casefold())
+    if found:
+        return found
+    text = "-".join(entry.split()).lower()  # "Apache 2.0" reads as "apache-2.0"
+    choices = list(_spdx()) + list(_NAMES)
+    close = difflib.get_close_matches(text, choices, n=3, cutoff=0.75)
+    names = [_spdx().get(c) or _NAMES[c] for c in close]
+    hint = f" (closest: {', '.join(dict.fromkeys(names))})" if names else ""
+    raise VoyageError(f"{where}: {entry!r} is not an SPDX id{hint}; a licence without one is named as its "
+                      f"source declares it: License({entry!r}, url=...)")
 
 
 # -- where licences are declared -------------------------------------------------------------

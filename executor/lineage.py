@@ -124,7 +124,7 @@ class Lineage:
         if bits is None:
             bits = 0
             for lic, those in self._by_license.items():
-                if lic not in policy.allow:
+                if not policy.allows(lic):
                     bits |= those
             self._refusing[id(policy)] = bits
         return bits

@@ -43,6 +43,12 @@ def records(plan: Plan, names: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def step_span(start: int, end: int) -> str:
+    """Optimizer steps [start, end) as the CLI prints them: inclusive, `320-399` (the last step
+    named), the convention of --lineage and --which-saw alike."""
+    return f"{start}-{end - 1}" if end - start > 1 else (str(start) if end > start else "none")
+
+
 def _count(n: int) -> str:
     return f"{n:,}"
 
@@ -58,7 +64,8 @@ def amounts(rec: dict[str, Any] | None) -> str:
         per = "; ".join(f"{src} {_count(v['tokens'])} ({v.get('license', '?')})"
                         for src, v in (tokens.get("by_source") or {}).items())
         steps = tokens.get("steps")
-        where = f" in steps {steps[0]}..{steps[1]}" if steps else ""
+        # the record keeps [first, end); printed inclusive, as --which-saw prints ranges: "320-399"
+        where = f" in steps {step_span(steps[0], steps[1])}" if steps else ""
         return f"consumed {_count(tokens['total']['tokens'])} tokens{where}" + (f": {per}" if per else "")
     if isinstance(results.get("tokens"), int):
         return f"{_count(results['tokens'])} tokens, {_count(results.get('documents') or 0)} documents"

@@ -343,18 +343,21 @@ def training_steps(config: VoyageConfig, mix: Step, heldout: Step) -> list[Step]
     ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid), parallel=scale.eval_parallel,
                                                    datasets={scale.heldout.name: output_of(heldout)}, harness=harness),
               resources=scale.eval_resources)
+    # What the cards describe: the export's README.md (the Hub's page) and the card step's own.
+    about = CardConfig(
+        evaluation=output_of(ev), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
+        licenses={s.name: getattr(s.license, "id", s.license) for s in scale.sources},
+        title=f"{name} ({scale.preset} preset, seed {config.seed})", language=("en",))
     # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
     # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
     ex = Step(f"export/{name}", export_hf, ExportHFConfig(
         checkpoint=output_of(mid), dtype="float32" if config.laptop else "bfloat16",
-        pad_token="<|pad|>" if config.laptop else None),
+        pad_token="<|pad|>" if config.laptop else None, card=about),
         resources=scale.data_resources if config.laptop else Resources(cpus=8, memory_gb=64),
         licenses=release_policy(config))
-    # The model card (docs/provenance.md): a cheap step of its own after eval.
-    card = Step(f"card/{name}", model_card, CardConfig(
-        evaluation=output_of(ev), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
-        licenses={s.name: getattr(s.license, "id", s.license) for s in scale.sources},
-        title=f"{name} ({scale.preset} preset, seed {config.seed})"), resources=Resources(cpus=1 if config.laptop else 2))
+    # The model card (docs/provenance.md): a cheap step of its own after eval, linking the export.
+    card = Step(f"card/{name}", model_card, dataclasses.replace(about, export=output_of(ex)),
+                resources=Resources(cpus=1 if config.laptop else 2))
     return [pre, mid, ev, ex, card]
 
 

@@ -28,7 +28,8 @@ SINGLE = "model.safetensors"
 
 @dataclass(frozen=True)
 class ImportHFConfig:
-    """Import the Hugging Face folder `hf` (config.json of model_type marin_moe + safetensors)."""
+    """Import the Hugging Face folder `hf` (config.json of model_type marin_moe + safetensors), or
+    the folder of an export_hf output (its `hf/`)."""
 
     hf: str
 
@@ -39,7 +40,9 @@ def import_hf(config: ImportHFConfig, ctx: StepContext) -> None:
     from steps.train import checkpoint
 
     started = time.time()
-    summary = import_folder(config.hf, checkpoint.folder(ctx.output, 0))
+    from steps.export.to_hf import hf_folder
+
+    summary = import_folder(hf_folder(config.hf), checkpoint.folder(ctx.output, 0))
     ctx.results.update(checkpoint=checkpoint.folder(ctx.output, 0), wall_s=time.time() - started, **summary)
 
 

@@ -38,7 +38,9 @@ def run_hf_tasks(folder: str, cfg: Any, device: Any, batch_size: int) -> dict[st
         raise VoyageError("harness.hf_model: needs lm-eval with transformers and accelerate "
                           "(pip install -e '.[eval]')") from e
     manager = TaskManager(include_path=cfg.include_path, include_defaults=cfg.include_path is None)
-    with local_folder(folder) as path:
+    from steps.export.to_hf import hf_folder
+
+    with local_folder(hf_folder(folder)) as path:
         # HFLM generates up to 256 tokens unless the task's generation_kwargs say max_gen_toks.
         model_args = {"pretrained": path, "trust_remote_code": True, "device": str(device), "dtype": "auto"}
         out = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=list(cfg.tasks),

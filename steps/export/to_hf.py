@@ -3,13 +3,17 @@
     ex = Step("export/laptop", export_hf, ExportHFConfig(checkpoint=output_of(mid)))
 
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 
-The folder: config.json (architecture `MarinMoeForCausalLM`, registered through `auto_map`),
+The folder is `hf/` inside the step's output (`output_of(ex, HF_DIR)`; import_hf and the harness
+also take the step's output itself and look there), so that it holds only what a Hub repository
+should, none of the executor's own files, and can be uploaded as it is:
+config.json (architecture `MarinMoeForCausalLM`, registered through `auto_map`),
 configuration_marin_moe.py and modeling_marin_moe.py (the model in transformers, shipped from
 steps/export/hf_files), model-XXXXX-of-YYYYY.safetensors with model.safetensors.index.json,
 generation_config.json, tokenizer.json, tokenizer_config.json, special_tokens_map.json and a
-README.md. Names: steps/export/names.py. Why no stock transformers architecture: docs/export.md.
+README.md: the model card as the Hub reads it (steps/provenance/hub_card.py) when `card` names the
+evaluation and training to describe, else a short page of what the checkpoint alone tells. Names: steps/export/names.py. Why no stock transformers architecture: docs/export.md.
 
 Memory: the checkpoint is read one tensor at a time through DCP and each tensor is streamed into
 its shard as soon as it is read (steps/export/safetensors_io.py), so the process holds the
@@ -25,10 +29,12 @@ from importlib import resources
 from typing import Any, Callable, Iterator
 
 from executor import StepContext, VoyageError, step_type
+from steps.provenance.card import CardConfig
 
 DTYPES = ("float32", "bfloat16")
 INDEX = "model.safetensors.index.json"
 SHIPPED = ("configuration_marin_moe.py", "modeling_marin_moe.py")
+HF_DIR = "hf"  # the Hub folder inside the step's output
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class ExportHFConfig:
     pad_token: str | None = None
     dtype: str = "float32"  # "float32" or "bfloat16"
     max_shard_bytes: int = 5_000_000_000
+    # what README.md describes (evaluation, training, mixture, licences; its `export` left None)
+    card: CardConfig | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -56,9 +64,10 @@ class ExportHFConfig:
             raise VoyageError(f"export_hf.max_shard_bytes must be positive, got {self.max_shard_bytes}")
 
 
-@step_type(version="1")
+@step_type(version="2")  # 2: the folder moved to hf/, README.md is the Hub's model card
 def export_hf(config: ExportHFConfig, ctx: StepContext) -> None:
-    """Write the checkpoint as a Hugging Face folder (weights, config, modeling code, tokenizer)."""
+    """Write the checkpoint as a Hugging Face folder (weights, config, modeling code, tokenizer,
+    model card) in `hf/` of the step's output."""
     from steps.data.tokenizer import load_tokenizer
     from steps.export.tokenizer import Specials
     from steps.train import checkpoint
@@ -73,13 +82,44 @@ def export_hf(config: ExportHFConfig, ctx: StepContext) -> None:
     specials = Specials(bos=config.bos_token or data.get("bos"), eos=config.eos_token or data.get("eos"),
                         pad=config.pad_token)
     started = time.time()
-    summary = export_folder(found.url, ctx.output, model_config=model_config_of(meta),
+    # the checkpoint is named by its training step and number, never by a URL of this machine
+    source = {"step": _step_name(found.url), "checkpoint": found.step, "dtype": config.dtype}
+    card = None
+    if config.card is not None:
+        from steps.provenance.card import build_card
+
+        card = build_card(config.card)
+    summary = export_folder(found.url, ctx.path(HF_DIR), model_config=model_config_of(meta),
                             tokenizer_json=load_tokenizer(tokenizer).to_str(), specials=specials,
                             context=context_of(meta), dtype=config.dtype, max_shard_bytes=config.max_shard_bytes,
-                            source={"checkpoint": found.url, "step": found.step, "tokens": meta.get("tokens")},
-                            log=ctx.logger.info)
-    ctx.results.update(checkpoint=found.url, step=found.step, tokenizer=tokenizer, wall_s=time.time() - started,
-                       **summary)
+                            source=source, card=card, log=ctx.logger.info)
+    ctx.results.update(checkpoint=found.url, step=found.step, tokenizer=tokenizer, folder=HF_DIR,
+                       wall_s=time.time() - started, **summary)
+
+
+def hf_folder(url: str) -> str:
+    """The Hugging Face folder at `url`: `url` itself when it holds a config.json, else the `hf/`
+    of an export_hf output."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    base = path.rstrip("/")
+    if not fs.exists(f"{base}/config.json") and fs.exists(f"{base}/{HF_DIR}/config.json"):
+        return f"{url.rstrip('/')}/{HF_DIR}"
+    return url
+
+
+def _step_name(checkpoint_url: str) -> str:
+    """`midtrain/laptop` of `.../midtrain/laptop-7c3c3cf314/checkpoints/step-400` (the executor's
+    `{name}-{digest[:10]}` folder), else the checkpoint folder's own name."""
+    import re
+
+    parts = checkpoint_url.rstrip("/").split("/")
+    if len(parts) >= 4 and parts[-2] == "checkpoints":
+        m = re.fullmatch(r"(.+)-[0-9a-f]{10}", parts[-3])
+        if m:
+            return f"{parts[-4]}/{m.group(1)}"
+    return parts[-3] if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-1]
 
 
 def model_config_of(meta: dict[str, Any]):  # -> steps.moe.config.MoEConfig
@@ -116,7 +156,8 @@ def training_data_tokens(meta: dict[str, Any], url: str) -> dict[str, Any]:
 
 def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer_json: str, specials: Any,
                   context: int, dtype: str = "float32", max_shard_bytes: int = 5_000_000_000,
-                  source: dict[str, Any] | None = None, log: Callable[..., None] = lambda *a: None) -> dict[str, Any]:
+                  source: dict[str, Any] | None = None, card: dict[str, Any] | None = None,
+                  log: Callable[..., None] = lambda *a: None) -> dict[str, Any]:
     """Write the HF folder of a DCP checkpoint folder into `out` (any fsspec URL); returns counts."""
     import torch
 
@@ -164,34 +205,43 @@ def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer
     }
     for fname, value in files.items():
         _write_text(_join(out, fname), json.dumps(value, indent=1, sort_keys=fname == INDEX))
-    for fname, text in hf_tokenizer_files(tokenizer_json, specials, context).items():
+    for fname, text in hf_tokenizer_files(tokenizer_json, specials).items():
         _write_text(_join(out, fname), text)
     shipped = resources.files("steps.export") / "hf_files"
     for fname in SHIPPED:
         _write_text(_join(out, fname), (shipped / fname).read_text())
-    _write_text(_join(out, "README.md"), model_card(model_config, n_params, context, dtype, source or {}))
+    if card is not None:
+        from steps.provenance.hub_card import readme
+
+        page = readme(card, {"dtype": dtype, **(source or {})})
+    else:
+        page = model_card(model_config, n_params, context, dtype, source or {})
+    _write_text(_join(out, "README.md"), page)
     return {"shards": len(shards), "tensors": len(entries), "parameters": n_params, "bytes": total}
 
 
 def model_card(cfg: Any, n_params: int, context: int, dtype: str, source: dict[str, Any]) -> str:
+    """The README of an export with no card to give (the checkpoint alone): what it is and how to load it."""
     from steps.moe.config import param_counts
+    from steps.provenance.hub_card import TAGS, ordinal
 
     _, active = param_counts(cfg)
     lines = [
-        "---", "library_name: transformers", "pipeline_tag: text-generation", "---", "",
+        "---", "library_name: transformers", "pipeline_tag: text-generation",
+        "tags: [" + ", ".join(TAGS) + "]", "---", "",
         "# marin-voyage MoE", "",
         f"A mixture-of-experts decoder trained with marin-voyage: {n_params:,} parameters, {active:,} active per "
         f"token; {cfg.n_layers} layers of width {cfg.dim}, {cfg.n_experts} routed experts (top {cfg.top_k}) and "
-        f"{cfg.n_shared_experts} shared; sliding window {cfg.sliding_window} with every {cfg.global_every}th "
-        f"layer global; trained context {context}; weights in {dtype}.", "",
+        f"{cfg.n_shared_experts} shared; sliding window {cfg.sliding_window} with every "
+        f"{ordinal(cfg.global_every)} layer global; trained context {context}; weights in {dtype}.", "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True)",
-        "tok = AutoTokenizer.from_pretrained(PATH)",
+        "tok = AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)",
         "```", "",
     ]
     if source:
-        lines += ["Exported from " + ", ".join(f"{k} {v}" for k, v in source.items() if v is not None) + "."]
+        lines += [f"Exported from `{source.get('step')}`, checkpoint step-{source.get('checkpoint')}."]
     return "\n".join(lines) + "\n"
 
 

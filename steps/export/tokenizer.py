@@ -40,7 +40,7 @@ def token_ids(spec: dict[str, Any], specials: Specials, field: str) -> dict[str,
     return out
 
 
-def hf_tokenizer_files(tokenizer_json: str, specials: Specials, context: int) -> dict[str, str]:
+def hf_tokenizer_files(tokenizer_json: str, specials: Specials) -> dict[str, str]:
     """{file name: text} of tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
     spec = json.loads(tokenizer_json)
     ids = token_ids(spec, specials, "export")
@@ -60,10 +60,13 @@ def hf_tokenizer_files(tokenizer_json: str, specials: Specials, context: int) ->
         "unk_token": None,
         "add_bos_token": specials.bos is not None,
         "add_eos_token": False,
-        "model_max_length": context,
         "clean_up_tokenization_spaces": False,  # byte-level BPE decodes spaces exactly as encoded
         "padding_side": "right",
     }
+    # No `model_max_length`: the tokenizer has no length limit to state. transformers would warn
+    # that longer inputs "will result in indexing errors", which is false of a model with rotary
+    # positions and no position table; the trained context is config.json's
+    # max_position_embeddings, which generate and lm-eval cut inputs to, and the card says it.
     special_map = {k: v for k, v in named.items() if v is not None}
     return {"tokenizer.json": json.dumps(spec, ensure_ascii=False),
             "tokenizer_config.json": json.dumps(config, indent=1),

@@ -60,13 +60,14 @@ class CardConfig:
     # dataset -> licence as the voyage declares it; used for a dataset whose manifests carry none
     licenses: dict[str, str] = field(default_factory=dict)
     title: str = ""
+    language: tuple[str, ...] = ()  # ISO 639-1 codes of the sources' text (the Hub's `language`)
 
     def __post_init__(self) -> None:
         if not self.training:
             raise VoyageError("card: training names no training step (give output_of(pretrain), output_of(midtrain))")
 
 
-@step_type(version="1")
+@step_type(version="2")  # 2: the optimizer, the schedule, licence links and languages in card.json
 def model_card(config: CardConfig, ctx: StepContext) -> None:
     """Write MODEL_CARD.md and card.json: architecture, tokens per stage, source and licence,
     evaluation against its baselines, every upstream step's digests, the code's version."""
@@ -82,9 +83,9 @@ def build_card(config: CardConfig) -> dict[str, Any]:
     """The card as plain JSON (what card.json holds)."""
     mixture = load_mixture(config.mixture)
     licenses = dataset_licenses(mixture, config.licenses)
-    stages, last_meta = [], None
+    stages, last_meta, last_record = [], None, {}
     for url in config.training:
-        record = _record(url)
+        record = last_record = _record(url)
         steps = checkpoints_in(url)
         if not steps:
             raise VoyageError(f"card: {url} holds no checkpoint")
@@ -105,7 +106,12 @@ def build_card(config: CardConfig) -> dict[str, Any]:
         "model": {"architecture": "MoE decoder (steps/moe/model.py)", "config": model,
                   "parameters": {"total": total, "active": active}, "context": int(last_meta["seq_len"]) - 1,
                   "trained_steps": int(last_meta["step"]), "batch_size": int(last_meta["batch_size"])},
-        "data": {"stages": stages, **_sum_stages(stages, licenses), "decontamination": decontamination(upstream)},
+        "data": {"stages": stages, **_sum_stages(stages, licenses), "decontamination": decontamination(upstream),
+                 "license_links": license_links(mixture), "seq_len": int(last_meta["seq_len"]),
+                 # the trainer counts predicted tokens: seq_len - 1 targets a sequence read
+                 "trained_targets": int(last_meta["tokens"]) if "tokens" in last_meta else None},
+        "training": optimization(last_record, last_meta),
+        "language": list(config.language),
         "evaluation": evaluation(results),
         "export": _name_of(config.export, upstream) if config.export else None,
         "upstream": upstream,
@@ -125,6 +131,30 @@ def dataset_licenses(mixture: dict[str, Any], declared: dict[str, str]) -> dict[
         ids = sorted({(v.get("id") if isinstance(v, dict) else str(v)) for v in found.values()})
         out[name] = ids or ([declared[name]] if name in declared else ["NOASSERTION"])
     return out
+
+
+def license_links(mixture: dict[str, Any]) -> dict[str, str]:
+    """licence id -> the URL of its terms: what the sources declared, else SPDX's page of the id."""
+    out: dict[str, str] = {}
+    for info in mixture["datasets"].values():
+        for v in (info.get("licenses") or {}).values():
+            if isinstance(v, dict) and v.get("id"):
+                url = v.get("url") or (f"https://spdx.org/licenses/{v['id']}.html" if v.get("spdx") else "")
+                if url:
+                    out.setdefault(v["id"], url)
+    return dict(sorted(out.items()))
+
+
+def optimization(record: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer of the last training step (from its record's config) and the learning-rate
+    schedule it implies over the whole run (steps.train.config.OptimizerConfig.schedule)."""
+    from steps.train.config import OptimizerConfig
+
+    given = ((record.get("config") or {}).get("optimizer")) or {}
+    names = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    opt = OptimizerConfig(**{k: v for k, v in given.items() if k in names})
+    sched = opt.schedule(int(meta.get("total_steps") or meta["step"]), int(meta.get("switch_step") or 0))
+    return {"optimizer": dataclasses.asdict(opt), "schedule": dataclasses.asdict(sched)}
 
 
 def stage_tokens(record: dict[str, Any], meta: dict[str, Any], mixture: dict[str, Any],
@@ -249,7 +279,9 @@ def _record(url: str) -> dict[str, Any]:
 
 def _name_of(url: str, upstream: list[dict[str, Any]]) -> dict[str, Any]:
     rec = _record(url)
-    return {"step": rec["name"], "output_digest": rec.get("output_digest")}
+    # the Hub folder inside the export's output (export_hf's `folder`), named relative to it
+    return {"step": rec["name"], "output_digest": rec.get("output_digest"),
+            "folder": (rec.get("results") or {}).get("folder")}
 
 
 def environment() -> dict[str, Any]:
@@ -300,7 +332,10 @@ def render(card: dict[str, Any]) -> str:
             f"- trained: {m['trained_steps']:,} optimizer steps of {m['batch_size']:,} sequences", ""]
     out += ["## Training data", "",
             "Exact counts of the sequences each training step read (tokens = sequences x the mixture's sequence "
-            "length), from the mixture's sampler arithmetic over the steps actually trained.", "",
+            "length), from the mixture's sampler arithmetic over the steps actually trained."
+            + (f" The trainer's checkpoints count {d['trained_targets']:,} tokens: the predicted ones, "
+               f"{d['seq_len'] - 1} of each sequence of {d['seq_len']} (its first token is never a target)."
+               if d.get("trained_targets") else ""), "",
             "| source | licence | " + " | ".join(f"{s['phase']} tokens" for s in d["stages"]) + " | total tokens |",
             "|---|---|" + "---:|" * (len(d["stages"]) + 1)]
     for name, v in d["by_source"].items():
@@ -342,8 +377,9 @@ def render(card: dict[str, Any]) -> str:
         out.append(f"| {u['name']} | {u['step_type']} ({u['version']}) | `{(u['digest'] or '')[:16]}` | "
                    f"`{(u['output_digest'] or '')[:16]}` | {ver} |")
     if card.get("export"):
-        out += ["", f"Hugging Face folder: `{card['export']['step']}` (output digest "
-                    f"`{(card['export']['output_digest'] or '')[:16]}`)."]
+        folder = card["export"].get("folder")
+        out += ["", f"Hugging Face folder: `{card['export']['step']}`" + (f", its `{folder}/`" if folder else "")
+                + f" (output digest `{(card['export']['output_digest'] or '')[:16]}`)."]
     git = code["git"]
     commit = git.get("commit") or f"unknown ({git.get('describe', 'not recorded')})"
     out += ["", "## Code", "",

@@ -25,6 +25,16 @@ plan's prefix (a copied prefix answers from the copy):
    first checkpoint written that holds it is the first N > s that the trainer's schedule saves
    (a multiple of `checkpoint_every` or `permanent_every`, or the phase's last step); the
    checkpoints still in the output are listed too.
+6. **descendants** (steps/provenance/holders.py): a checkpoint or folder made from one that holds
+   the document holds it too: midtrain started from pretrain (`init_from`), the Hugging Face
+   export of a checkpoint, an import of that export, and so on down the DAG. "Never" is said
+   of a training step only when neither its own batches nor anything it was made from held it.
+
+A window counts as reading the document when it holds any of the document's own tokens: the
+end-of-document token tokenize appends (and a begin-of-document one, when it writes one) is a
+separator, not the document's text, so a window whose only overlap is that token does not count.
+Step ranges are printed inclusive (`320-399`, the last step named), in which-saw as in
+`--lineage`; the JSON form (`--json`) gives every list whole and ranges as `first`/`last`.
 
 Torch-free and Ray-free: it reads JSON, numpy arrays and document shards.
 """
@@ -41,12 +51,13 @@ from typing import Any
 
 import numpy as np
 
-from executor import InputRef, Plan, VoyageError
+from executor import InputRef, Plan, VoyageError, step_span
 from steps.data.formats import MANIFEST, document_shards, join, open_lines, read_json, url_fs
 from steps.data.mixture import MixtureSampler, load_mixture
+from steps.provenance.holders import TRAINING_TYPES, Holding, Parent, holdings
 from steps.provenance.inverse import MixtureInverse
 
-TRAINING_TYPES = ("pretrain", "midtrain")
+EXAMPLE = "kjv:kjv/Ge1"  # a real query of the laptop voyage: source kjv, document id "kjv/Ge1"
 
 
 @dataclass
@@ -66,18 +77,23 @@ class Found:
 
 @dataclass
 class Training:
-    """What one training step did with the document."""
+    """What one training step of the document's mixture did with it, and what it holds."""
 
     step: str  # the step's name
     phase: str
     state: str  # the step's plan state (CACHED: its output is there)
-    steps: list[int]  # optimizer steps whose batches held any of the document's tokens
+    steps: list[int]  # its own optimizer steps whose batches held any of the document's tokens
     phase_steps: tuple[int, int]  # the optimizer steps this training step runs, [start, end)
     first_checkpoint: int | None  # the first checkpoint the trainer's schedule writes that holds it
     checkpoints_now: list[int] = field(default_factory=list)  # checkpoints in the output that hold it
     # of `steps`, those whose update the spike guard dropped ("skip") or whose data a rewind
     # skipped ("rewind"): read, never trained on (steps/train/spikes.py)
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    made_from: Parent | None = None  # started from a checkpoint that holds it: all its checkpoints do
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.steps) or self.made_from is not None
 
 
 @dataclass
@@ -91,8 +107,8 @@ class Answer:
     keeper: Found | None  # the document it was merged with, when dedup removed it
     dataset: str  # the token dataset's step name
     document: int  # its index in the token dataset
-    span: tuple[int, int]  # its tokens [start, end) in the token dataset
-    sequences: list[int]  # global mixture sequences that read any of its tokens
+    span: tuple[int, int]  # its tokens [start, end) in the token dataset (separators included)
+    sequences: list[int]  # global mixture sequences that read any of its own tokens
     untrained: list[int]  # of those, the ones past the last whole batch (never trained on)
     training: list[Training]
     steps_read: dict[str, str] = field(default_factory=dict)  # what was read: step name -> output URL
@@ -100,9 +116,17 @@ class Answer:
     # the eval sets whose n-grams it (or its keeper) shares, when decontamination removed or marked it
     contamination: list[str] = field(default_factory=list)
     decontam_removed: bool = False
+    descendants: list[Holding] = field(default_factory=list)  # exports, imports, other training made from a holder
+
+    def holders(self) -> list[tuple[str, list[int] | None]]:
+        """(step, its checkpoints now that hold it; None for a folder such as an export) of every
+        output that holds the document, in DAG order."""
+        out: list[tuple[str, list[int] | None]] = [(t.step, t.checkpoints_now) for t in self.training if t.holds]
+        out += [(d.step, None if d.kind == "export_hf" else d.checkpoints_now) for d in self.descendants]
+        return out
 
     def to_json(self) -> dict[str, Any]:
-        """A plain-JSON form of the answer (the CLI's `--which-saw` prints `describe()`)."""
+        """A plain-JSON form of the answer, every list whole (`marin-run ... --which-saw Q --json`)."""
         return {
             "source": self.source, "id": self.id,
             "ingested": {"shard": self.found.shard, "position": self.found.position},
@@ -112,18 +136,24 @@ class Answer:
                                                              "source": self.keeper.source or self.source},
             "token_dataset": self.dataset, "document": self.document, "span": list(self.span),
             "sequences": self.sequences, "untrained_sequences": self.untrained,
-            "training": [{"step": t.step, "phase": t.phase, "state": t.state, "optimizer_steps": t.steps,
-                          "phase_steps": list(t.phase_steps), "first_checkpoint": t.first_checkpoint,
-                          "checkpoints_now": t.checkpoints_now,
-                          "skipped": [{"step": n, "why": why} for n, why in t.skipped]} for t in self.training],
+            "training": [{"step": t.step, "phase": t.phase, "state": t.state, "holds": t.holds,
+                          "optimizer_steps": t.steps, "phase_steps": steps_json(*t.phase_steps),
+                          "first_checkpoint": t.first_checkpoint, "checkpoints_now": t.checkpoints_now,
+                          "skipped": [{"step": n, "why": why} for n, why in t.skipped],
+                          "made_from": None if t.made_from is None else {"step": t.made_from.step,
+                                                                         "checkpoint": t.made_from.checkpoint}}
+                         for t in self.training],
+            "descendants": [d.to_json() for d in self.descendants],
+            "held_by": [{"step": s, "checkpoints_now": c} for s, c in self.holders()],
             "read": self.steps_read,
             "same_id_also_at": [{"shard": f.shard, "position": f.position} for f in self.also],
             "decontamination": {"matches": self.contamination, "removed": self.decontam_removed}
             if self.contamination else None,
         }
 
-    def describe(self) -> str:
-        """The answer for a person, a few lines."""
+    def describe(self, limit: int | None = 12) -> str:
+        """The answer for a person, a few lines; lists of steps are cut after `limit` runs (None:
+        never), saying how many more there are."""
         lines = [f"{self.source}:{self.id}"]
         lines.append(f"  ingested   shard {self.found.shard}, document {self.found.position}"
                      + (f" (the id is not unique: also {', '.join(f'shard {f.shard} document {f.position}' for f in self.also)}"
@@ -143,22 +173,52 @@ class Answer:
                 return "\n".join(lines)
         lines.append(f"  tokens     {self.dataset}: document {self.document}, tokens {self.span[0]:,}..{self.span[1]:,} "
                      f"({self.span[1] - self.span[0]:,} tokens)")
-        lines.append(f"  mixture    {len(self.sequences):,} sequences read it: {_ranges(self.sequences)}"
+        lines.append(f"  mixture    {len(self.sequences):,} sequences read it: {_ranges(self.sequences, limit)}"
                      + (f" ({len(self.untrained)} past the last whole batch, never trained on)" if self.untrained else ""))
         if not self.training:
             lines.append("  training   no training step of the voyage reads this mixture")
         for t in self.training:
-            head = f"  {t.phase:<10} {t.step} [{t.state}]"
-            if not t.steps:
-                lines.append(f"{head}: never (none of its steps {t.phase_steps[0]}..{t.phase_steps[1] - 1} held it)")
-                continue
-            now = (f"; checkpoints now in its output that hold it: {', '.join(f'step-{n}' for n in t.checkpoints_now)}"
-                   if t.checkpoints_now else "; no checkpoint in its output holds it yet")
-            lines.append(f"{head}: optimizer steps {_ranges(t.steps)}; first checkpoint that includes it: "
-                         f"step-{t.first_checkpoint}{now}")
+            lines.append(_training_line(t, limit))
             for n, why in t.skipped:
                 lines.append(f"{'':13}skipped at step {n} ({why}): its batch was read, not trained on")
+        for d in self.descendants:
+            kept = (f"; checkpoints now in its output that hold it: {_checkpoints(d.checkpoints_now)}"
+                    if d.checkpoints_now else "")
+            lines.append(f"  {d.kind:<10} {d.step} [{d.state}]: holds it: made from {d.parent.describe()}, "
+                         f"which holds it{kept}")
+        held = self.holders()
+        if held:
+            lines.append("  held by    " + "; ".join(s + (f" {_checkpoints(c)}" if c else "") for s, c in held))
+        else:
+            lines.append("  held by    nothing: no checkpoint or export of the voyage holds it")
+        if limit is not None and "more runs)" in "\n".join(lines):
+            lines.append("  (lists cut short; --json gives them whole)")
         return "\n".join(lines)
+
+
+def _training_line(t: Training, limit: int | None) -> str:
+    head = f"  {t.phase:<10} {t.step} [{t.state}]"
+    span = step_span(*t.phase_steps)
+    if not t.holds:
+        return f"{head}: never (none of its steps {span} held it, and it was made from no checkpoint that did)"
+    if t.made_from is not None:
+        own = (f"its own optimizer steps {_ranges(t.steps, limit)} read it too" if t.steps
+               else f"its own steps {span} did not read it")
+        what = f"holds it from its start: initialised from {t.made_from.describe()}, which holds it ({own})"
+    else:
+        what = f"optimizer steps {_ranges(t.steps, limit)}"
+    now = (f"; checkpoints now in its output that hold it: {_checkpoints(t.checkpoints_now)}"
+           if t.checkpoints_now else "; no checkpoint in its output holds it yet")
+    return f"{head}: {what}; first checkpoint that includes it: step-{t.first_checkpoint}{now}"
+
+
+def _checkpoints(steps: list[int]) -> str:
+    return ", ".join(f"step-{n}" for n in steps)
+
+
+def steps_json(start: int, end: int) -> dict[str, int]:
+    """Optimizer steps [start, end) as the JSON gives them: the first and the last step, inclusive."""
+    return {"first": start, "last": end - 1}
 
 
 def parse_query(text: str) -> tuple[str, str]:
@@ -166,7 +226,8 @@ def parse_query(text: str) -> tuple[str, str]:
     without an id `FILE:LINE`)."""
     source, sep, doc_id = text.partition(":")
     if not sep or not source or not doc_id:
-        raise VoyageError(f"--which-saw: {text!r} is not SOURCE:DOC_ID (e.g. kjv:Genesis-1)")
+        raise VoyageError(f"--which-saw: {text!r} is not SOURCE:DOC_ID: a source of the voyage's mixture and a "
+                          f"document's `id` as ingest wrote it (e.g. {EXAMPLE})")
     return source, doc_id
 
 
@@ -204,8 +265,10 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     matches = find_documents(shards, doc_id)
     if not matches:
         where = chain.get("ingest", chain.get("dedup", chain["tokenize"])).name
+        sample = first_ids(shards, 3)
         raise VoyageError(f"--which-saw: source {source!r} has no document with id {doc_id!r} "
-                          f"({where}: {len(shards)} shard(s) read)")
+                          f"({where}: {len(shards)} shard(s) read; its ids read like "
+                          f"{', '.join(repr(f'{source}:{i}') for i in sample) or 'nothing: it is empty'})")
     found = matches[0]  # ids are meant to be unique; the first wins, as in the source's order
 
     keeper, position = None, found.position
@@ -247,17 +310,60 @@ def _which_saw(plan: Plan, source: str, doc_id: str) -> Answer:
     mixture = load_mixture(mixture_url)
     dataset = chain["dataset"]
     inverse = MixtureInverse(MixtureSampler(mixture))
-    sequences = [r.index for r in inverse.reads(dataset, *span)]
+    sequences = [r.index for r in inverse.reads(dataset, *own_tokens(span, manifest))]
     training, trained_upto = [], 0
     for node in chain["training"]:
         t = _training(plan, node, mixture, sequences)
         trained_upto = max(trained_upto, t.phase_steps[1] * node.step.config.data.batch_size)
         training.append(t)
     untrained = [i for i in sequences if i >= trained_upto] if training else []
+    descendants = _descendants(plan, mixture, training)
     return Answer(source=source, id=doc_id, found=found, survived=keeper is None, keeper=keeper,
                   dataset=chain["tokenize"].name, document=document, span=span, sequences=sequences,
                   untrained=untrained, training=training, steps_read=read, also=matches[1:],
-                  contamination=contamination)
+                  contamination=contamination, descendants=descendants)
+
+
+def own_tokens(span: tuple[int, int], manifest: dict[str, Any]) -> tuple[int, int]:
+    """The document's own tokens: its span less the begin- and end-of-document tokens tokenize put
+    around it (a window that reads only a separator has read nothing of the text)."""
+    start, end = span
+    if manifest.get("eos") is not None and end - start > 1:
+        end -= 1
+    if manifest.get("bos") is not None and end - start > 1:
+        start += 1
+    return start, end
+
+
+def _descendants(plan: Plan, mixture: dict[str, Any], training: list[Training]) -> list[Holding]:
+    """Completes each training step with what it was made from, and returns every other output that
+    holds the document (exports, imports, training of other mixtures) because it was made from
+    a holder."""
+    from steps.train.data import phases
+
+    by_name = {t.step: t for t in training}
+
+    def phase_end(node: Any) -> int | None:
+        try:
+            return phases(mixture, int(node.step.config.data.batch_size)).range_of(node.step.type.name)[1]
+        except Exception:  # a training step of another mixture: its checkpoints are read, not predicted
+            return None
+
+    held = holdings(plan, {t.step: (t.steps[0] if t.steps else None) for t in training}, checkpoints_in, phase_end)
+    out = []
+    for name, h in held.items():
+        t = by_name.get(name)
+        if t is None:
+            if h.parent is not None:
+                out.append(h)
+            continue
+        if h.parent is not None:
+            t.made_from = h.parent
+            cfg = plan.dag[name].step.config.trainer
+            t.first_checkpoint = first_saved(t.phase_steps[0], t.phase_steps[1], cfg.checkpoint_every,
+                                             cfg.permanent_every)
+            t.checkpoints_now = h.checkpoints_now
+    return out
 
 
 # -- the voyage's edges ------------------------------------------------------------------------
@@ -490,8 +596,20 @@ def checkpoints_in(output: str) -> list[int]:
     return sorted(steps)
 
 
-def _ranges(values: list[int], limit: int = 12) -> str:
-    """`3, 7-9, 12` (at most `limit` runs, then how many more)."""
+def first_ids(shards: list[str], n: int) -> list[str]:
+    """The ids of the first `n` documents of the source (what an error shows as examples)."""
+    out: list[str] = []
+    for url in shards:
+        for line in open_lines(url):
+            if line.strip():
+                out.append(str(json.loads(line).get("id")))
+                if len(out) >= n:
+                    return out
+    return out
+
+
+def _ranges(values: list[int], limit: int | None = 12) -> str:
+    """`3, 7-9, 12` (at most `limit` runs, then how many more; None: all)."""
     if not values:
         return "none"
     runs, lo, prev = [], values[0], values[0]
@@ -502,5 +620,6 @@ def _ranges(values: list[int], limit: int = 12) -> str:
         runs.append((lo, prev))
         lo = prev = v
     runs.append((lo, prev))
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
-    return text + (f", ... ({len(runs) - limit} more runs)" if len(runs) > limit else "")
+    shown = runs if limit is None else runs[:limit]
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in shown)
+    return text + (f", ... ({len(runs) - len(shown)} more runs)" if len(runs) > len(shown) else "")

@@ -97,11 +97,12 @@ def test_a_policy_on_one_step_binds_only_that_step(tmp_path):
 def test_a_voyage_wide_policy_binds_every_step_and_refuses_an_undeclared_licence(tmp_path):
     with pytest.raises(VoyageError, match=r"step 'raw/web' \(open licences only\): source 'raw/web'"):
         plan_steps(voyage(), str(tmp_path / "p"), policy=OPEN)
-    lenient = LicensePolicy(allow=("NVIDIA data agreement", "CC-BY-SA-4.0"), name="web and wiki")
+    nvidia = License("NVIDIA data agreement", url="https://example.org/nvidia")
+    lenient = LicensePolicy(allow=(nvidia, "CC-BY-SA-4.0"), name="web and wiki")
     with pytest.raises(VoyageError, match=r"step 'raw/mystery' \(web and wiki\): source 'raw/mystery' under "
                                           r"'NOASSERTION'"):
         plan_steps(voyage(), str(tmp_path / "p"), policy=lenient)
-    ok = LicensePolicy(allow=("NVIDIA data agreement", "CC-BY-SA-4.0", "NOASSERTION"))
+    ok = LicensePolicy(allow=(nvidia, "CC-BY-SA-4.0", "NOASSERTION"))
     assert plan_steps(voyage(), str(tmp_path / "p"), policy=ok).counts() == {"RUN": 9}
 
 

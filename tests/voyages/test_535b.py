@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from steps.export.to_hf import hf_folder
 from steps.moe.config import PRESETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -183,7 +184,8 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     ev = plan.dag["eval/laptop"]
     results = json.load(open(os.path.join(prefix, Store(prefix).served_dir(ev.dirname), "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
-    hf_folder_loads_and_scores(os.path.join(prefix, Store(prefix).served_dir(plan.dag["export/laptop"].dirname)), tmp_path, monkeypatch)
+    hf_folder_loads_and_scores(hf_folder(os.path.join(prefix, Store(prefix).served_dir(plan.dag["export/laptop"].dirname))),
+                               tmp_path, monkeypatch)
     pages = list(glob.glob(os.path.join(prefix, "voyages", "535b", "*", "index.html")))
     assert pages, "the live page was not written"
 
@@ -254,7 +256,7 @@ def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
     from steps.train.eval import HarnessConfig
 
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # config.json names remote code
     out = model.generate(**tok("And God said", return_tensors="pt"), max_new_tokens=20, min_new_tokens=20)
     assert out.shape[1] == len(tok("And God said").input_ids) + 20
     (tmp_path / "tasks").mkdir()

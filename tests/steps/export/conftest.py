@@ -34,12 +34,12 @@ def laptop(tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported(laptop, tmp_path_factory):
     """The midtrain checkpoint exported (fp32, shards of at most 200 kB: several files)."""
-    from steps.export.to_hf import ExportHFConfig, export_hf
+    from steps.export.to_hf import HF_DIR, ExportHFConfig, export_hf
 
     out = tmp_path_factory.mktemp("export") / "hf"
     ctx = run_step(export_hf, ExportHFConfig(checkpoint=laptop["midtrain"], pad_token="<|pad|>",
                                              max_shard_bytes=200_000), out, name="export")
-    return {"path": str(out), "results": ctx.results}
+    return {"path": str(out / HF_DIR), "results": ctx.results}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,4 +60,4 @@ def hf_model(exported, hf_modules):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(exported["path"], trust_remote_code=True)
-    return model.eval(), AutoTokenizer.from_pretrained(exported["path"])
+    return model.eval(), AutoTokenizer.from_pretrained(exported["path"], trust_remote_code=True)

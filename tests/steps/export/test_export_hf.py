@@ -172,7 +172,7 @@ def test_bf16_export_keeps_the_router_in_fp32(laptop, tmp_path, hf_modules):
     from trainkit import run_step
 
     run_step(export_hf, ExportHFConfig(checkpoint=laptop["midtrain"], dtype="bfloat16"), tmp_path / "bf16")
-    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"), trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16" / "hf"), trust_remote_code=True)
     gate = model.model.layers[0].mlp.gate
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32

@@ -156,6 +156,7 @@ def test_exporting_the_import_gives_the_same_files(laptop, exported, imported, t
     again = tmp_path / "again"
     run_step(export_hf, ExportHFConfig(checkpoint=imported, tokenizer=laptop["tokens"]["tokenizer"],
                                        eos_token="<|eos|>", pad_token="<|pad|>", max_shard_bytes=200_000), again)
+    again = again / "hf"
     first = sorted(f for f in os.listdir(exported["path"]) if f != "README.md")
     assert sorted(f for f in os.listdir(again) if f != "README.md") == first
     for name in first:

@@ -30,6 +30,7 @@ def reads_by_window(sampler):
 
 
 def expected_sequences(sampler, seen, dataset, start, end):
+    """The sequences that read any of tokens [start, end) (the caller leaves out separators)."""
     L, N = sampler.seq_len, int(sampler.windows[sampler.names.index(dataset)])
     return sorted(i for w in range(start // L, min((end - 1) // L + 1, N)) for i in seen.get((dataset, w), []))
 
@@ -93,7 +94,8 @@ def check_against_loader(answer, plan, prefix, sampler, seen):
     assert end - start == doc.size
     assert np.array_equal(dataset.tokens(start, end - start), doc)
     name = answer.dataset.split("/", 1)[1]
-    assert answer.sequences == expected_sequences(sampler, seen, name, start, end)
+    # the document's own tokens: the end-of-document token tokenize appends is a separator
+    assert answer.sequences == expected_sequences(sampler, seen, name, start, end - 1)
     manifest = sampler.manifest
     L = sampler.seq_len
     for t in answer.training:
@@ -108,7 +110,7 @@ def check_against_loader(answer, plan, prefix, sampler, seen):
                 loc = sampler.locate(i)
                 row = rows[i - s * B]
                 lo, hi = max(start, loc.token_start), min(end, loc.token_start + L)
-                assert lo < hi  # the row holds some of the document's tokens ...
+                assert lo < hi and lo < end - 1  # the row holds some of the document's own tokens ...
                 assert np.array_equal(row[lo - loc.token_start:hi - loc.token_start], doc[lo - start:hi - start])
         # ... and no other step of the phase reads a window of it
         others = set(range(*t.phase_steps)) - set(t.steps)
@@ -321,3 +323,127 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
         f.truncate(8 * 3)
     with pytest.raises(VoyageError, match=r"00000.offsets is cut short: no offsets for document 5"):
         which_saw(plan, "pydocs", ids_of(copy, plan, "raw/pydocs")[5])
+
+
+# -- issue 23, item 2: descendants, separators, the JSON form -------------------------------------
+
+
+def test_midtrain_and_the_export_hold_what_pretrain_saw(laptop, capsys):
+    """kjv/Psa33 is read by pretrain only: midtrain, started from pretrain's step-320, and the
+    export of midtrain's step-400 hold it; the CLI says so, and --json lists every step whole."""
+    from executor.cli import main
+
+    lv, _sampler, _seen = laptop
+    answer = which_saw(lv.plan, "kjv", "kjv/Psa33")
+    pre, mid = answer.training
+    assert pre.steps and max(pre.steps) < 320 and not mid.steps  # what the issue saw: midtrain never read it
+    assert mid.holds and (mid.made_from.step, mid.made_from.checkpoint) == ("pretrain/laptop", 320)
+    assert mid.checkpoints_now == [400] and mid.first_checkpoint == 400
+    assert [(d.step, d.kind, d.parent.step, d.parent.checkpoint) for d in answer.descendants] == [
+        ("export/laptop", "export_hf", "midtrain/laptop", 400)]
+    assert answer.holders() == [("pretrain/laptop", pre.checkpoints_now), ("midtrain/laptop", [400]),
+                                ("export/laptop", None)]
+    args = [lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--which-saw", "kjv:kjv/Psa33"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "never (" not in out
+    assert ("midtrain/laptop [CACHED]: holds it from its start: initialised from pretrain/laptop step-320, which "
+            "holds it (its own steps 320-399 did not read it)") in out
+    assert "export/laptop [CACHED]: holds it: made from midtrain/laptop step-400" in out
+    assert main(args + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == json.loads(json.dumps(answer.to_json()))
+    assert got["training"][1]["phase_steps"] == {"first": 320, "last": 399}
+    assert [h["step"] for h in got["held_by"]] == ["pretrain/laptop", "midtrain/laptop", "export/laptop"]
+    # one convention for step ranges: --lineage prints midtrain's steps as which-saw does
+    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--lineage", "midtrain/laptop"]) == 0
+    assert "consumed 166,400 tokens in steps 320-399:" in capsys.readouterr().out
+    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--json"]) == 2
+    assert "--json: only with --which-saw" in capsys.readouterr().err
+
+
+def test_never_only_when_no_ancestor_saw_it(laptop):
+    """A document whose windows no sequence draws: every training step says never, nothing holds it."""
+    lv, sampler, seen = laptop
+    prefix, plan = lv.prefix, lv.plan
+    data = TokenDataset(os.path.join(prefix, plan.dag["tokenized/kjv"].dirname))
+    offsets = data.offsets(0)
+    unread = next(d for d in range(len(offsets) - 1)
+                  if not expected_sequences(sampler, seen, "kjv", int(offsets[d]), int(offsets[d + 1])))
+    answer = which_saw(plan, "kjv", ids_of(prefix, plan, "raw/kjv")[unread])
+    assert answer.sequences == [] and not any(t.holds for t in answer.training) and answer.descendants == []
+    text = answer.describe()
+    assert "midtrain/laptop [CACHED]: never (none of its steps 320-399 held it, and it was made from no " \
+           "checkpoint that did)" in text
+    assert "pretrain/laptop [CACHED]: never (none of its steps 0-319 held it" in text
+    assert "held by    nothing" in text
+
+
+def test_a_window_that_reads_only_the_end_of_document_token_does_not_count(laptop):
+    """A document whose last token (the end-of-document token) opens a window that the mixture
+    draws: that window's sequences are not the document's, they are the next document's."""
+    lv, sampler, seen = laptop
+    prefix, plan = lv.prefix, lv.plan
+    L = sampler.seq_len
+    for source in ("kjv", "pydocs"):
+        data = TokenDataset(os.path.join(prefix, plan.dag[f"tokenized/{source}"].dirname))
+        offsets = [int(x) for x in data.offsets(0)]
+        picks = [d for d in range(len(offsets) - 2) if (offsets[d + 1] - 1) % L == 0
+                 and offsets[d + 1] - offsets[d] > 1 and seen.get((source, (offsets[d + 1] - 1) // L))]
+        if picks:
+            break
+    d = picks[0]
+    only_eos = seen[(source, (offsets[d + 1] - 1) // L)]
+    ids = ids_of(prefix, plan, f"raw/{source}")
+    answer = which_saw(plan, source, ids[d])
+    assert answer.span == (offsets[d], offsets[d + 1])
+    assert not set(only_eos) & set(answer.sequences)
+    assert set(only_eos) <= set(which_saw(plan, source, ids[d + 1]).sequences)
+
+
+def test_descendants_through_import_and_export(v535, tmp_path):
+    """From the DAG alone (nothing run): an export of midtrain, an import of that export and a
+    midtrain started from the import all hold what pretrain saw; an export of pretrain's step-100
+    holds it only if pretrain read it before step 100."""
+    from executor import Step, output_of
+    from executor.api import plan_steps
+    from steps.export.from_hf import ImportHFConfig, import_hf
+    from steps.export.to_hf import ExportHFConfig, export_hf
+    from steps.provenance.holders import holdings
+    from steps.train.pretrain import midtrain
+
+    steps = v535.voyage(v535.VoyageConfig(laptop=True))
+    pre, mid, ex = (next(s for s in steps if s.name == n) for n in ("pretrain/laptop", "midtrain/laptop",
+                                                                      "export/laptop"))
+    imp = Step("import/laptop", import_hf, ImportHFConfig(hf=output_of(ex)))
+    again = Step("midtrain/again", midtrain, dataclasses.replace(mid.config, init_from=output_of(imp)))
+    early = Step("export/early", export_hf, dataclasses.replace(ex.config,
+                                                                checkpoint=output_of(pre, "checkpoints/step-100")))
+    plan = plan_steps(steps + [imp, again, early], str(tmp_path / "out"))
+    ends = {"pretrain/laptop": 320, "midtrain/laptop": 400, "midtrain/again": 400}
+
+    def held(first):
+        h = holdings(plan, {"pretrain/laptop": first}, lambda url: [], lambda node: ends[node.name])
+        return {n: (x.parent.describe() if x.parent else x.holds) for n, x in h.items() if x.holds}
+
+    assert held(150) == {"pretrain/laptop": True, "midtrain/laptop": "pretrain/laptop step-320",
+                         "export/laptop": "midtrain/laptop step-400", "import/laptop": "export/laptop",
+                         "midtrain/again": "import/laptop step-0"}
+    assert held(42)["export/early"] == "pretrain/laptop step-100"
+    assert held(None) == {}
+
+
+def test_the_text_cuts_long_lists_and_says_so_the_json_never_does():
+    from steps.provenance.which_saw import Answer, Found, Training
+
+    steps = list(range(0, 60, 2))  # 30 runs of one step
+    t = Training(step="pretrain/x", phase="pretrain", state="CACHED", steps=steps, phase_steps=(0, 64),
+                 first_checkpoint=1, checkpoints_now=[64])
+    answer = Answer(source="s", id="d", found=Found("d", 0, 0), survived=True, keeper=None, dataset="tokenized/s",
+                    document=0, span=(0, 10), sequences=[s * 4 for s in steps], untrained=[], training=[t])
+    text = answer.describe()
+    assert "... (18 more runs)" in text and "(lists cut short; --json gives them whole)" in text
+    whole = answer.describe(limit=None)
+    assert "more runs" not in whole and "cut short" not in whole and "58" in whole
+    assert answer.to_json()["training"][0]["optimizer_steps"] == steps
+    assert answer.to_json()["training"][0]["phase_steps"] == {"first": 0, "last": 63}
