@@ -77,13 +77,25 @@ def gcs_emulator():
             os.environ[k] = v
 
 
+# The session's laptop run: the README's laptop voyage with fewer optimizer steps (the same DAG,
+# batch, sequence length and 80/20 split; `--laptop_steps`). 400 steps take most of a minute of
+# CPU, twice (the end-to-end test reruns pretrain on a copied prefix); 200 still learn well below
+# the unigram baseline, the promise the end-to-end test checks.
+LAPTOP_TEST_STEPS = 200
+
+
 @pytest.fixture(scope="session")
 def laptop_voyage(ray_local, tmp_path_factory):
-    """The laptop voyage (`marin-run voyages/535b.py --laptop`) run once per session on a fresh
-    prefix, shared by the tests that read its outputs (the end-to-end test, which-saw, the model
-    card). A test may copy the prefix, or move it away and back (try/finally), but never leaves it
-    changed. Returns a namespace: module, config, prefix, plan (made after the run: every status
-    read), summary, voyage_path, root."""
+    """The laptop voyage (`marin-run voyages/535b.py --laptop --laptop_steps 200`) run once per
+    session on a fresh prefix, shared by the tests that read its outputs (the end-to-end test,
+    which-saw, the model card). A test may copy the prefix, or move it away and back
+    (try/finally), but never leaves it changed. Returns a namespace: module, config, prefix, plan
+    (made after the run: every status read), summary, voyage_path, root, args (the CLI flags of
+    its config, for `marin-run` on its prefix), pretrain_steps and steps (optimizer steps of
+    pretrain, and of pretrain and midtrain together), batch_size (sequences a step).
+
+    Step counts, token budgets and sequence indices are read from here, never written as
+    numbers: the recipe is the test's, not the README's."""
     import importlib.util
     import types
 
@@ -98,7 +110,9 @@ def laptop_voyage(ray_local, tmp_path_factory):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     cloudpickle.register_pickle_by_value(module)
-    config = module.VoyageConfig(laptop=True)
+    config = module.VoyageConfig(laptop=True, laptop_steps=LAPTOP_TEST_STEPS)
+    scale = module.scale_of(config)
+    per_step = scale.batch_size * scale.seq_len
     prefix = str(tmp_path_factory.mktemp("laptop-voyage") / "out")
     cwd = os.getcwd()
     os.chdir(root)  # the bundled corpus is named by repository-relative paths
@@ -108,4 +122,41 @@ def laptop_voyage(ray_local, tmp_path_factory):
     finally:
         os.chdir(cwd)
     return types.SimpleNamespace(module=module, config=config, prefix=prefix, plan=plan, summary=summary,
-                                 voyage_path=path, root=root)
+                                 voyage_path=path, root=root,
+                                 args=["--laptop", "--laptop_steps", str(LAPTOP_TEST_STEPS)],
+                                 pretrain_steps=round(scale.pretrain_tokens / per_step),
+                                 steps=round((scale.pretrain_tokens + scale.midtrain_tokens) / per_step),
+                                 batch_size=scale.batch_size)
+
+
+# -- running the suite on several workers (pytest-xdist) -------------------------------------------
+# The README's command runs the suite on 3 workers with `--dist loadgroup`: most of the suite's time
+# is waiting (Rays, clusters and Ray Train workers starting, subprocesses, leases expiring), which
+# overlaps well even on 2 cores. Session and module fixtures start once per worker that needs
+# them, so every test is grouped with its module (one worker runs a module's fixtures once), and
+# every test of the session's laptop run with the others (it runs once). The longest groups go
+# first: a worker that starts a 2-minute group last would finish alone.
+LONG_FIRST = (  # the slowest groups, slowest first (docs/benchmarks.md, "The test suite")
+    "laptop_voyage",
+    "tests/steps/train/test_train_ray.py",
+    "tests/steps/train/test_train_mesh.py",
+    "tests/executor/test_crash.py",
+    "tests/executor/test_nodes.py",
+    "tests/executor/test_gcs.py",
+)
+
+
+def _group(item) -> str:
+    if "laptop_voyage" in getattr(item, "fixturenames", ()):
+        return "laptop_voyage"
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {g: i for i, g in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order

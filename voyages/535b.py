@@ -191,6 +191,7 @@ class VoyageConfig:
     # the replicas: a distributed optimizer), or "auto" (the plan's)
     memory_target_gib: float = MEMORY_TARGET_GIB  # a GPU's memory a plan may use; above it: refused (plan.py says why)
     open_only: bool = False  # the exported model is for public release: only open licences may reach it
+    laptop_steps: int = 0  # with --laptop: optimizer steps, four fifths pretrain (0: the recipe's 400; the tests run fewer)
 
 
 def release_policy(config: VoyageConfig) -> LicensePolicy | None:
@@ -201,7 +202,21 @@ def release_policy(config: VoyageConfig) -> LicensePolicy | None:
 
 
 def scale_of(config: VoyageConfig) -> Scale:
-    return LAPTOP if config.laptop else FULL
+    if not config.laptop:
+        if config.laptop_steps:
+            raise VoyageError("laptop_steps: only with --laptop")
+        return FULL
+    if not config.laptop_steps:
+        return LAPTOP
+    # A shorter rehearsal (the test suite's session run, tests/conftest.py): the same DAG, batch and
+    # 80/20 split, fewer steps; warm-up kept under a tenth of the run.
+    steps = config.laptop_steps
+    if steps < 10:
+        raise VoyageError(f"laptop_steps: at least 10 (pretrain and midtrain both need steps), got {steps}")
+    pre, per_step = steps * 4 // 5, LAPTOP.batch_size * LAPTOP.seq_len
+    return dataclasses.replace(LAPTOP, pretrain_tokens=pre * per_step, midtrain_tokens=(steps - pre) * per_step,
+                               optimizer=dataclasses.replace(LAPTOP.optimizer,
+                                                             warmup_steps=min(LAPTOP.optimizer.warmup_steps, steps // 10)))
 
 
 def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:

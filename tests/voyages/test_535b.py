@@ -169,6 +169,23 @@ def test_laptop_has_the_same_dag_shape(v535):
     assert full_dag["tokenizer/llama3"].step.config.expect_vocab_size == 128_256
 
 
+def test_laptop_steps_shortens_only_the_laptop_rehearsal(v535):
+    """The tests' shorter laptop run (`--laptop_steps`): the same DAG, batch and 80/20 split;
+    refused without --laptop and below 10 steps."""
+    from executor import VoyageError
+
+    short = v535.scale_of(v535.VoyageConfig(laptop=True, laptop_steps=200))
+    per_step = 32 * 65
+    assert (short.pretrain_tokens / per_step, short.midtrain_tokens / per_step) == (160, 40)
+    assert v535.scale_of(v535.VoyageConfig(laptop=True)) is v535.LAPTOP
+    assert shape(v535.voyage(v535.VoyageConfig(laptop=True, laptop_steps=200)))[0] == \
+        shape(v535.voyage(v535.VoyageConfig(laptop=True)))[0]
+    for config, message in ((v535.VoyageConfig(laptop_steps=200), "laptop_steps: only with --laptop"),
+                            (v535.VoyageConfig(laptop=True, laptop_steps=5), "laptop_steps: at least 10")):
+        with pytest.raises(VoyageError, match=message):
+            v535.voyage(config)
+
+
 def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     """The session's laptop run (tests/conftest.py: `laptop_voyage`, shared with which-saw and the
     model card): it succeeds, learns, exports, and then plans cached, cuts off an identical
@@ -180,7 +197,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     plan, summary = laptop_voyage.plan, laptop_voyage.summary
     monkeypatch.chdir(ROOT)  # the bundled corpus is named by repository-relative paths
     assert summary.exit_code == 0, [(o.name, o.error) for o in summary.failed]
-    licences_and_tokens_are_recorded(prefix, plan)
+    licences_and_tokens_are_recorded(laptop_voyage, prefix, plan)
     ev = plan.dag["eval/laptop"]
     results = json.load(open(os.path.join(prefix, Store(prefix).served_dir(ev.dirname), "results.json")))
     assert results["loss"] < 0.75 * results["unigram_loss"], results
@@ -208,7 +225,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
         assert moved.counts() == {"CACHED": len(moved.decisions)}
         digests = {d.name: d.status.output_digest for d in after.decisions}
         assert {d.name: d.status.output_digest for d in moved.decisions} == digests
-        licences_and_tokens_are_recorded(copy, moved)
+        licences_and_tokens_are_recorded(laptop_voyage, copy, moved)
         _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
         assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
         assert not os.path.exists(prefix)
@@ -219,7 +236,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
 
 
 
-def licences_and_tokens_are_recorded(prefix, plan):
+def licences_and_tokens_are_recorded(lv, prefix, plan):
     """Issue 14, item 1: both sources' licences reach every trained artifact, and the tokens each
     training step consumed per source and licence are the sampler's own choice of every sequence
     of the optimizer steps it trained (not the declared weights)."""
@@ -229,14 +246,16 @@ def licences_and_tokens_are_recorded(prefix, plan):
         return json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan.dag[name].dirname), ".step.json")))
 
     sampler = MixtureSampler(load_mixture(os.path.join(prefix, Store(prefix).served_dir(plan.dag["mixture/laptop"].dirname))))
-    for name, steps in (("pretrain/laptop", [0, 320]), ("midtrain/laptop", [320, 400])):
+    B, switch, end = lv.batch_size, lv.pretrain_steps, lv.steps  # 32 sequences of 65 tokens a step
+    assert (B, sampler.seq_len) == (32, 65) and 0 < switch < end
+    for name, steps in (("pretrain/laptop", [0, switch]), ("midtrain/laptop", [switch, end])):
         tokens = record(name)["provenance"]["tokens"]
-        assert tokens["steps"] == steps and tokens["sequences"] == [steps[0] * 32, steps[1] * 32]
-        drawn = collections.Counter(sampler.locate(i).dataset for i in range(steps[0] * 32, steps[1] * 32))
+        assert tokens["steps"] == steps and tokens["sequences"] == [steps[0] * B, steps[1] * B]
+        drawn = collections.Counter(sampler.locate(i).dataset for i in range(steps[0] * B, steps[1] * B))
         assert tokens["by_source"] == {
             "raw/kjv": {"sequences": drawn["kjv"], "tokens": 65 * drawn["kjv"], "license": "public domain"},
             "raw/pydocs": {"sequences": drawn["pydocs"], "tokens": 65 * drawn["pydocs"], "license": "PSF-2.0"}}
-        assert sum(v["tokens"] for v in tokens["by_license"].values()) == 65 * 32 * (steps[1] - steps[0])
+        assert sum(v["tokens"] for v in tokens["by_license"].values()) == 65 * B * (steps[1] - steps[0])
     # eval also reads the held-out passages; decontamination read them too, but put none of their
     # text in training, so their licence reaches eval and not the exported model
     assert record("eval/laptop")["provenance"]["licenses"] == ["KJV and Python docs excerpts", "PSF-2.0", "public domain"]

@@ -28,8 +28,9 @@ def test_card_names_both_sources_with_licences_and_exact_tokens(card):
     lv, _folder, data, md = card
     sampler = MixtureSampler(os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["mixture/laptop"].dirname)))
     counts = {"pretrain": {}, "midtrain": {}}
-    for i in range(400 * 32):  # 320 pretrain steps, 80 midtrain steps of 32 sequences
-        phase = "pretrain" if i < 320 * 32 else "midtrain"
+    B = lv.batch_size
+    for i in range(lv.steps * B):  # pretrain's steps, then midtrain's, of 32 sequences
+        phase = "pretrain" if i < lv.pretrain_steps * B else "midtrain"
         name = sampler.locate(i).dataset
         counts[phase][name] = counts[phase].get(name, 0) + sampler.seq_len
     stages = {s["phase"]: {n: c["tokens"] for n, c in s["by_dataset"].items()} for s in data["data"]["stages"]}
@@ -38,7 +39,7 @@ def test_card_names_both_sources_with_licences_and_exact_tokens(card):
     for name, v in data["data"]["by_source"].items():
         assert v["licenses"] == licences[name]
         assert v["tokens"] == counts["pretrain"][name] + counts["midtrain"][name]
-    assert data["data"]["total"]["tokens"] == 832_000 == lv.plan.dag["mixture/laptop"].step.config.token_budget
+    assert data["data"]["total"]["tokens"] == lv.steps * B * 65 == lv.plan.dag["mixture/laptop"].step.config.token_budget
     assert data["data"]["by_license"]["PSF-2.0"]["tokens"] == data["data"]["by_source"]["pydocs"]["tokens"]
     kjv, pydocs = data["data"]["by_source"]["kjv"]["tokens"], data["data"]["by_source"]["pydocs"]["tokens"]
     assert re.search(rf"\| kjv \| public domain \| {counts['pretrain']['kjv']:,} \| {counts['midtrain']['kjv']:,} "
@@ -55,7 +56,7 @@ def test_card_holds_the_model_eval_digests_and_code(card):
     lv, _folder, data, md = card
     plan = lv.plan
     assert data["model"]["parameters"] == {"total": 363_072, "active": 215_616}  # docs/training.md: tiny
-    assert data["model"]["trained_steps"] == 400 and data["model"]["context"] == 64
+    assert data["model"]["trained_steps"] == lv.steps and data["model"]["context"] == 64
     results = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(plan.dag["eval/laptop"].dirname), "results.json")))
     ev = data["evaluation"]["overall"]
     assert (ev["loss"], ev["unigram_loss"], ev["bpb"], ev["unigram_bpb"]) == (

@@ -138,7 +138,8 @@ def test_documents_of_both_sources_match_the_loader(laptop):
         data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{source}"].dirname)))
         lengths = np.diff(data.offsets(0))
         picks += [(source, ids[0]), (source, ids[int(np.argmin(lengths))])]
-    for index in (256, 255, 10_240):  # a block's first and last slot; the switch to midtrain's stage
+    switch = lv.pretrain_steps * lv.batch_size  # midtrain's first sequence
+    for index in (256, 255, switch):  # a block's first and last slot; the switch to midtrain's stage
         loc = sampler.locate(index)
         data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{loc.dataset}"].dirname)))
         doc = int(np.searchsorted(data.offsets(0), loc.token_start, side="right")) - 1
@@ -152,8 +153,9 @@ def test_documents_of_both_sources_match_the_loader(laptop):
         answers[(source, doc_id)] = answer
     boundary = answers[picks[-3]]
     assert 256 in boundary.sequences and 8 in boundary.training[0].steps  # sequence 256 is step 8 of pretrain
-    switch = answers[picks[-1]]
-    assert 10_240 in switch.sequences and 320 in next(t for t in switch.training if t.phase == "midtrain").steps
+    at_switch = answers[picks[-1]]
+    assert switch in at_switch.sequences
+    assert lv.pretrain_steps in next(t for t in at_switch.training if t.phase == "midtrain").steps
     long = answers[picks[0]]
     assert long.span[1] - long.span[0] > 10 * 65 and len(long.sequences) > 1
     pre = next(t for t in long.training if t.phase == "pretrain")
@@ -168,7 +170,7 @@ def test_cli_answers_and_refuses_bad_queries(laptop, capsys):
 
     lv, _sampler, _seen = laptop
     before = sorted(os.path.relpath(os.path.join(d, f), lv.prefix) for d, _, fs in os.walk(lv.prefix) for f in fs)
-    args = [lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--which-saw"]
+    args = [lv.voyage_path, *lv.args, "--prefix", lv.prefix, "--which-saw"]
     assert main(args + ["kjv:kjv/Ge1"]) == 0
     out = capsys.readouterr().out
     assert "kjv:kjv/Ge1" in out and "dedup      kept" in out and "first checkpoint that includes it: step-" in out
