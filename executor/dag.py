@@ -179,7 +179,8 @@ def _check_type_name(types: dict[str, Step], step: Step) -> None:
     digest: an error naming both modules, whatever the registry kept."""
     first = types.setdefault(step.type.name, step)
     a, b = first.type.fn, step.type.fn
-    if first.type is step.type or (_file_of(a) == _file_of(b) and not _one_execution(a, b)):
+    if first.type is step.type or (_file_of(a) == _file_of(b) and not (
+            _one_execution(a, b) and first.type.version == step.type.version)):
         return  # one definition loaded twice
     raise VoyageError(f"two step types are named {step.type.name!r}: {a.__module__}.{a.__qualname__} "
                       f"(step {first.name!r}) and {b.__module__}.{b.__qualname__} (step {step.name!r}); "

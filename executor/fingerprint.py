@@ -41,7 +41,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Any, Callable
 
-SCHEME = "fp2"
+SCHEME = "fp3"  # fp3: fp2's units plus the normalized source of every module in the import closure
 
 _NON_PROJECT = tuple(
     os.path.realpath(p) + os.sep
@@ -68,8 +68,54 @@ def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -
     walker = _Walker()
     if config_class is not None:
         walker.config(config_class)
-    walker.function(_unwrap(fn))
+    inner = _unwrap(fn)
+    walker.function(inner)
+    roots = [getattr(inner, "__module__", None), getattr(fn, "__module__", None),
+             getattr(getattr(fn, "fn", None), "__module__", None)]
+    if config_class is not None:
+        roots.append(config_class.__module__)
+    walker.parts.update(module_parts([r for r in roots if r]))
     return walker.result()
+
+
+# -- the fail-safe part: every project module the step's code can reach -----------------------------
+
+def module_parts(roots: list[str]) -> dict[str, str]:
+    """`module <label>` -> hash of the normalized source (its AST without docstrings, comments or
+    layout) of each project module in the import closure of `roots`: every `import` and
+    `from ... import` anywhere in a module (inside functions too, `*` included), with the
+    packages above each. The walk by units names what changed; this part is what makes the
+    fingerprint fail safe: an edit it cannot follow (a decorator without `functools.wraps`, a
+    module-level `TABLE.update(...)`, a `ClassVar`, a star import, a default nested in an untyped
+    field) still changes a module's source, so it is still noted."""
+    key = tuple(sorted(set(roots)))
+    seen: dict[str, _Module] = {}
+    stack = list(key)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        module = _project_module(name, entry=name in key)
+        if module is None:
+            continue
+        seen[name] = module
+        stack.extend(n for n in module.imports() if n not in seen)
+    return {f"module {_label(name)}": m.source_hash() for name, m in seen.items()}
+
+
+_FILES: dict[str, str | None] = {}  # module name -> its source file, for names not imported yet
+
+
+def _project_module(name: str, entry: bool = False) -> "_Module | None":
+    if name in sys.modules:
+        file = _module_file(name)
+    else:
+        if name not in _FILES:
+            _FILES[name] = _module_file(name)
+        file = _FILES[name]
+    if not file or not (entry and not file.startswith(_EXECUTOR) or _is_project(file)):
+        return None
+    return _parse(name, file)
 
 
 def drift(old: dict[str, str], new: dict[str, str], limit: int = 4) -> list[str]:
@@ -124,6 +170,42 @@ class _Module:
         self.bindings: dict[str, list[ast.stmt]] = {}
         self._bind(tree.body)
         self._functions: dict[tuple[str, int], ast.AST] | None = None
+        self._imports: list[str] | None = None
+        self._source_hash: str | None = None
+
+    def imports(self) -> list[str]:
+        """Every module this one imports, anywhere in it, with the packages above each (absolute
+        names; a name that is not a module, `from m import f`, names only `m`)."""
+        if self._imports is None:
+            found: dict[str, None] = {}
+
+            def add(dotted: str) -> None:
+                parts = dotted.split(".")
+                for i in range(1, len(parts) + 1):
+                    found.setdefault(".".join(parts[:i]), None)
+
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        add(alias.name)
+                elif isinstance(node, ast.ImportFrom):
+                    base = _absolute(node.module, node.level, self.package)
+                    if base is None:
+                        continue
+                    add(base)
+                    for alias in node.names:
+                        if alias.name != "*":
+                            found.setdefault(f"{base}.{alias.name}", None)  # a sub-module, if it is one
+            self._imports = list(found)
+        return self._imports
+
+    def source_hash(self) -> str:
+        """The hash of the whole module's normalized source (docstrings, comments, layout and
+        function annotations left out), the same on every Python version."""
+        if self._source_hash is None:
+            text = canonical(_without_docstring(self.tree.body))
+            self._source_hash = hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+        return self._source_hash
 
     def _bind(self, body: list[ast.stmt]) -> None:
         for stmt in body:
@@ -249,9 +331,15 @@ def _label(name: str) -> str:
     return label
 
 
+_PROJECT: dict[str, bool] = {}  # file -> is it project code (realpath is costly: once per file)
+
+
 def _is_project(file: str) -> bool:
-    real = os.path.realpath(file)
-    return not real.startswith(_NON_PROJECT) and not real.startswith(_EXECUTOR)
+    found = _PROJECT.get(file)
+    if found is None:
+        real = os.path.realpath(file)
+        found = _PROJECT[file] = not real.startswith(_NON_PROJECT) and not real.startswith(_EXECUTOR)
+    return found
 
 
 # -- the walk -------------------------------------------------------------------------------------

@@ -172,12 +172,14 @@ def _check_unique(new: StepType) -> None:
     if old is None or old.fn is new.fn:
         return
     old_where, new_where = _definition(old.fn), _definition(new.fn)
-    # Two definitions of one name in one module's namespace: two functions of one file (a reload
-    # re-executes the file in the same namespace, but then the old type is bound to the same name).
+    # Two definitions of one name and version in one module's namespace: two functions of one file
+    # (a reload re-executes the file in the same namespace, but then the old type is bound to the
+    # same name). Two versions of one type may live side by side: their digests differ.
     scope = getattr(new.fn, "__globals__", None)
-    if scope is not None and scope is getattr(old.fn, "__globals__", None) and scope.get(new.fn.__name__) is not old:
+    if scope is not None and scope is getattr(old.fn, "__globals__", None) and old.version == new.version \
+            and scope.get(new.fn.__name__) is not old:
         raise VoyageError(
-            f"two step types are named {new.name!r} in {new_where[0]}: {old_where[1]} and {new_where[1]}; they "
+            f"two step types are named {new.name!r} (version {new.version!r}) in {new_where[0]}: {old_where[1]} and {new_where[1]}; they "
             f"would share every digest: give one another name (@step_type(..., name=...))")
     if old_where[0] == new_where[0] or (old_where[2] is not None and old_where[2] == new_where[2]):
         return

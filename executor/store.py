@@ -286,9 +286,9 @@ class Store:
             return None
 
     def record_paths(self, folders: dict[str, Status | None]) -> dict[str, str]:
-        """The path of the served record of each output folder (those with one), for batch reads."""
-        return {d: self.path(s.served().data_dir(d), RECORD) for d, s in folders.items()
-                if s is not None and s.served() is not None}
+        """The path of the record of each output folder with a status, for batch reads: of the
+        attempt it serves, else of its newest attempt (a failed one's record keeps the error)."""
+        return {d: self.path((s.served() or s).data_dir(d), RECORD) for d, s in folders.items() if s is not None}
 
     def write_record(self, folder: str, record: Record) -> None:
         """Write the record of the attempt whose folder (relative to the prefix) is `folder`."""

@@ -288,10 +288,11 @@ def same_bytes(a: str, b: str) -> list[str]:
     differ = []
     for name, folder in ours.folders.items():
         record = left.read_record(folder)
+        # each side in the attempt its .status commits (attempt folders are named at random)
+        mine, other = left.served_dir(folder), right.served_dir(theirs.folders.get(name, folder))
         for entry in (record.manifest or []) if record else []:
             try:
-                same = left.fs.cat_file(left.path(folder, entry.path)) == \
-                    right.fs.cat_file(right.path(theirs.folders.get(name, folder), entry.path))
+                same = left.fs.cat_file(left.path(mine, entry.path)) == right.fs.cat_file(right.path(other, entry.path))
             except FileNotFoundError:
                 same = False
             if not same:

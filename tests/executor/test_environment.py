@@ -77,7 +77,7 @@ def test_once_per_process_not_per_step(tmp_path, monkeypatch):
         status = store.read_status(d.node.dirname)
         record = store.read_record(d.node.dirname)
         record.environment["packages"]["torch"] = "2.12.0"
-        store.write_record(d.node.dirname, record)
+        store.write_record(status.data_dir(d.node.dirname), record)  # in the attempt it commits
         store.write_status(d.node.dirname, status.model_copy(update={"env": environment.packages_digest(
             record.environment)}))
     calls = []

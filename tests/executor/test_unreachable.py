@@ -136,7 +136,7 @@ def test_a_local_status_that_cannot_be_read_is_an_error(tmp_path):
     _fails(store, r"cannot read .*/hello/a-0123456789/\.status: a folder where a file should be", within=1)
     os.makedirs(store.path(DIRS[1], ".step.json"))
     with pytest.raises(StoreError, match=r"\.step\.json"):
-        store.read_record(DIRS[1])
+        store.read_record_in(DIRS[1])
 
 
 def _marin_run(args: list[str], endpoint: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
