@@ -46,6 +46,8 @@ class Options:
     live_page: bool
     verbose: bool
     overrides: list[str]
+    gc: bool = False
+    yes: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="with --which-saw: print the answer as JSON, every list whole")
     _add_lineage_flags(p)
+    _add_gc_flags(p)
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
     p.add_argument("--downstream", action="store_true",
@@ -98,6 +101,14 @@ def _add_lineage_flags(p: argparse.ArgumentParser) -> None:
                         "token counts; run nothing")
     p.add_argument("--consumers", metavar="NAME",
                    help="print everything built from step NAME, with each one's state; run nothing")
+
+
+def _add_gc_flags(p: argparse.ArgumentParser) -> None:
+    """--gc and --yes (executor.gc): what no named voyage reaches under the prefix."""
+    p.add_argument("--gc", action="store_true",
+                   help="list what under the prefix no named voyage reaches (old versions, abandoned attempts, "
+                        "temporaries), bytes per step; several voyages: A.py [overrides] B.py [overrides] --gc")
+    p.add_argument("--yes", action="store_true", help="with --gc: delete what it lists")
 
 
 def _seconds(text: str) -> float:
@@ -147,7 +158,17 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
                    lineage=ns.lineage, consumers=ns.consumers, rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
-                   verbose=ns.verbose, overrides=rest)
+                   verbose=ns.verbose, overrides=rest, gc=ns.gc, yes=ns.yes)
+    if ns.yes and not ns.gc:
+        raise VoyageError("--yes only confirms --gc's deletions; without --gc it means nothing")
+    if ns.gc:
+        others = [flag for flag, on in (("--dry-run", ns.dry_run and ns.yes), ("--viz", ns.viz), ("--explain", ns.explain),
+                                        ("--which-saw", ns.which_saw), ("--lineage", ns.lineage),
+                                        ("--consumers", ns.consumers), ("--rerun", ns.rerun),
+                                        ("--downstream", ns.downstream), ("--only", ns.only)) if on]
+        if others:
+            raise VoyageError(f"--gc does not combine with {', '.join(others)}: it only lists (and with --yes "
+                              "deletes) what no named voyage reaches")
     return opts, parser, ns.help
 
 
@@ -184,6 +205,8 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         from executor.viz import check_target
 
         check_target(opts.viz)  # a bad extension, or .svg without graphviz: before anything is done
+    if opts.gc and not want_help:
+        return _gc(opts)
     vf = voyage_mod.load(opts.voyage)
     if want_help:
         parser.print_help()
@@ -246,6 +269,73 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
                        on_page=lambda url: print(f"voyage page: {url}", flush=True))
     report.print_summary(summary, plan, sys.stdout, page=summary.page)
     return summary.exit_code
+
+
+def _gc(opts: Options) -> int:
+    """--gc: the DAGs of every named voyage (each with the config overrides that follow it) are
+    what is reached; the rest under the prefix is listed, and deleted with --yes (executor.gc)."""
+    from executor import gc, sweep, voyage as voyage_mod
+    from executor.api import check_settings
+    from executor.dag import build_dag
+    from executor.store import Store
+
+    check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
+    dags, pins = [], []
+    for vf, overrides in _split_voyages(opts.voyage, opts.overrides):
+        config = _parse_config(vf, overrides)
+        dags.append(build_dag(voyage_mod.build_steps(vf, config)))
+        pins += gc.voyage_pins(vf, config)
+    store = Store(opts.prefix)
+    report = gc.collect(store, gc.reached_of(dags), gc.read_pins_file(store) + pins, ttl=opts.lease_ttl)
+    print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''}, "
+          f"{sum(len(d) for d in dags):,} steps reached")
+    print(report.table())
+    if not opts.yes:
+        print("nothing deleted: run again with --yes to delete what is listed" if report.items else "nothing to delete")
+        return 0
+    print(sweep.sweep(store, report, ttl=opts.lease_ttl).describe())
+    return 0
+
+
+def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[str]]]:
+    """`A.py [A's overrides] B.py [B's overrides] ...`: an argument that names an existing `.py`
+    file starts the next voyage, unless it is the value of the flag before it (a `--field` that
+    is not a bool field of the voyage being read and has no `=value`)."""
+    from executor import voyage as voyage_mod
+
+    vf = voyage_mod.load(first)
+    groups: list[tuple[VoyageFile, list[str]]] = [(vf, [])]
+    flags = _bool_flags(vf.config_class)
+    prev = ""
+    for arg in args:
+        is_value = prev.startswith("--") and "=" not in prev and prev not in flags
+        if arg.endswith(".py") and not arg.startswith("-") and not is_value and os.path.isfile(arg):
+            vf = voyage_mod.load(arg)
+            groups.append((vf, []))
+            flags, prev = _bool_flags(vf.config_class), ""
+            continue
+        groups[-1][1].append(arg)
+        prev = arg
+    return groups
+
+
+def _bool_flags(config_class: type | None) -> set[str]:
+    """`--name` of every bool field of a config (nested ones dotted)."""
+    import dataclasses
+    import typing
+
+    def bool_fields(cls: type, prefix: str) -> set[str]:
+        out: set[str] = set()
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name)
+            if kind is bool:
+                out.add(prefix + f.name)
+            elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                out |= bool_fields(kind, f"{prefix}{f.name}.")
+        return out
+
+    return set() if config_class is None else {f"--{name}" for name in bool_fields(config_class, "")}
 
 
 def _voyage_policy(vf: VoyageFile, config: object) -> object:
@@ -395,21 +485,7 @@ def _refuse_bad_unicode(args: list[str]) -> None:
 
 def _bare_bool_flags(config_class: type, args: list[str]) -> list[str]:
     """`--laptop` alone means `--laptop true` for a bool field (draccus wants the value)."""
-    import dataclasses
-    import typing
-
-    def bool_fields(cls: type, prefix: str) -> set[str]:
-        out: set[str] = set()
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            kind = hints.get(f.name)
-            if kind is bool:
-                out.add(prefix + f.name)
-            elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
-                out |= bool_fields(kind, f"{prefix}{f.name}.")
-        return out
-
-    flags = {f"--{name}" for name in bool_fields(config_class, "")}
+    flags = _bool_flags(config_class)
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
