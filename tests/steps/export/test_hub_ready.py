@@ -19,10 +19,11 @@ HUB_FILES = {"README.md", "config.json", "configuration_marin_moe.py", "modeling
 def hub(laptop_voyage):
     lv = laptop_voyage
     assert lv.summary.outcomes["export/laptop"].state in ("SUCCESS", "CACHED")
-    out = os.path.join(lv.prefix, lv.plan.dag["export/laptop"].dirname)
-    record = json.load(open(os.path.join(out, ".step.json")))
-    folder = os.path.join(out, record["results"]["folder"])
-    results = json.load(open(os.path.join(lv.prefix, lv.plan.dag["eval/laptop"].dirname, "results.json")))
+    from steps.export.to_hf import HF_DIR
+
+    # the output's path as the executor resolves it (plan.path), the Hub folder inside it
+    folder = os.path.join(lv.plan.path(lv.plan.dag["export/laptop"]), HF_DIR)
+    results = json.load(open(os.path.join(lv.plan.path(lv.plan.dag["eval/laptop"]), "results.json")))
     return lv, folder, results
 
 
