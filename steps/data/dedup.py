@@ -69,7 +69,9 @@ class DedupConfig:
     seed: int = 0
     verify_threshold: float | None = 0.7  # keep a fuzzy pair only if its estimated Jaccard is >= this
     examples: int = 8  # example pairs in the report
-    batch_docs: int = run_only(default=512)
+    # documents hashed at once: 64 is as fast as 512 and needs a sixth of the scratch (17 vs 106 MiB
+    # of tracemalloc peak on the bundled corpus: bench/data_dedup_peer.py)
+    batch_docs: int = run_only(default=64)
     shards_per_task: int = run_only(default=1)
     # The task budget: records of one section a pass-2 task merges (its memory, with the records'
     # size), and duplicate edges of one pass-3 partition. They change the number of tasks, never
@@ -253,8 +255,8 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
         runs = tuple((ctx.path(f"work/runs/{n}.{run}"), c) for n, c in zip(names, counts))
         for r, (lo, hi) in enumerate(ranges):
             job = PairJob(ctx.output, s, r, lo, hi, runs, 2 if s == EXACT else width,
-                          None if s == EXACT else config.verify_threshold, config.examples, chunk)
-            if ctx.exists(f"work/pairs/{s}/{r:05d}.json"):
+                          None if s == EXACT else config.verify_threshold, config.examples, chunk, len(ranges))
+            if ctx.exists(f"work/pairs/{len(ranges)}/{s}/{r:05d}.json"):
                 done[(s, r)] = read_json(job.name + ".json")
             else:
                 jobs.append(job)
@@ -263,7 +265,8 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
     mem = Resources(cpus=1, memory_gb=_gb(config.keys_per_task * (rec + 160)))
     for job, res in zip(jobs, ctx.map(pair_task, jobs, resources=mem)):
         done[(job.section, job.index)] = res
-    return [dict(done[(s, r)], section=s, index=r) for s in sections for r in range(len(ranges))]
+    return [dict(done[(s, r)], section=s, index=r, file=f"work/pairs/{len(ranges)}/{s}/{r:05d}.npy")
+            for s in sections for r in range(len(ranges))]
 
 
 # -- pass 3: connected components -------------------------------------------------------------
@@ -271,7 +274,7 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
 def _components(config: DedupConfig, ctx: StepContext, shards: int, results: list[dict]) -> None:
     if ctx.exists("work/cc"):  # a crashed attempt's rounds: start them again
         ctx.fs.rm(ctx.fs_path("work/cc"), recursive=True)
-    files = [ctx.path(f"work/pairs/{r['section']}/{r['index']:05d}.npy") for r in results]
+    files = [ctx.path(r["file"]) for r in results]
     total = sum(r["pairs"] for r in results)
     parts = max(1, -(-total // config.pairs_per_task))
     spg = max(1, -(-shards // parts))  # shards per drop file: as many files as partitions

@@ -11,8 +11,9 @@ with one key). In a bucket, sorted by global id:
   from the signatures carried in the run) is >= the threshold; without a threshold, all are kept.
 
 So the task's memory is its chunks and the pairs of its range, never the corpus. It writes
-`work/pairs/{section}/{range}.npy` (uint64 [m, 2], smaller id first) and, last, a `.json` beside
-it with its counts (the marker that the range is done).
+`work/pairs/{ranges}/{section}/{range}.npy` (uint64 [m, 2], smaller id first) and, last, a `.json`
+beside it with its counts (the marker that the range is done; `ranges`, the number of slices, is
+in the path so a resumed attempt with another task budget never takes a slice for another).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ class PairJob:
     threshold: float | None  # fuzzy: keep a candidate whose estimated Jaccard is >= this
     examples: int = 8
     chunk: int = 4096
+    ranges: int = 1  # how many slices the section is cut into
 
     @property
     def name(self) -> str:
-        return join(self.output, f"work/pairs/{self.section}/{self.index:05d}")
+        return join(self.output, f"work/pairs/{self.ranges}/{self.section}/{self.index:05d}")
 
 
 def pair_task(job: PairJob) -> dict:

@@ -208,3 +208,26 @@ def test_pass2_memory_is_flat_in_the_corpus_size_and_the_old_pass_is_not(tmp_pat
     print("pass-2 task peak bytes, new:", new, "old:", old)
     assert max(new.values()) <= 1.25 * min(new.values()), new
     assert old[16] >= 10 * old[1], old  # main's pass 2 grows with the corpus (~16x)
+
+
+def test_resume_after_pass_3_crash_with_another_task_budget(many, monkeypatch):
+    """Pass 3 dies; the rerun (with another `keys_per_task`, which is run-only) redoes pass 2 in
+    its own slices, reuses pass 1, and gives the clean run's clusters."""
+    import steps.data.dedup as dedup_mod
+
+    root, urls = many
+    ctx = StepContext(name="t", output=str(root / "resume"), digest="0" * 64)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("preempted in pass 3")
+
+    with monkeypatch.context() as m:
+        m.setattr(dedup_mod, "components", crash)
+        with pytest.raises(RuntimeError):
+            dedup(DedupConfig(documents=str(root / "in"), keys_per_task=150), ctx)
+    signatures = []
+    real = dedup_mod._signatures
+    monkeypatch.setattr(dedup_mod, "_signatures", lambda job: (signatures.append(job), real(job))[1])
+    dedup(DedupConfig(documents=str(root / "in"), keys_per_task=100), ctx)
+    assert signatures == []  # pass 1 was not done again
+    assert _clusters(ctx) == old_dedup(urls, DedupConfig(documents="x"))
