@@ -35,6 +35,7 @@ from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
 from steps.data.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
+from steps.data.plan import CpuNodes, DataPlan, DataSource, format_data_plan, plan_data
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
@@ -99,7 +100,7 @@ FULL_SOURCES = (
 # removes from training (steps/data/decontam.py). The mixture's never-drawn windows, which eval
 # also reports, cannot be a decontamination input: they are cut from the decontaminated data
 # (docs/design.md "Decontamination").
-FULL_HELDOUT = Source("heldout", f"{RAW}/paloma-1.5/**/*.jsonl.gz", 0.0,
+FULL_HELDOUT = Source("heldout", f"{RAW}/paloma-1.5/**/*.jsonl.gz", 2e8,
                       License("AI2 ImpACT low-risk licence", url="https://allenai.org/licenses/impact-lr"), 0.0, 0.0)
 # lm-eval-harness tasks the full eval runs, so decontamination removes their text from training too
 FULL_TASKS = ("arc_challenge", "arc_easy", "hellaswag", "mmlu", "piqa", "winogrande")
@@ -125,13 +126,14 @@ class Scale:
     pretrain_tokens: float
     midtrain_tokens: float
     train_resources: Resources
-    data_resources: Resources
+    data_resources: Resources | None  # None: each data step's from the data plan (steps/data/plan.py)
     eval_resources: Resources
     tokenizer_vocab: int
     optimizer: OptimizerConfig
     checkpoint_every: int
     heldout: Source  # held-out documents: evaluated, and decontaminated against
     eval_tasks: tuple[str, ...] = ()  # lm-eval tasks eval runs (and decontamination removes)
+    eval_tokens: float = 0.0  # about how many tokens the eval tasks' documents hold (the data plan's eval index)
     eval_parallel: ParallelConfig = ParallelConfig()  # how eval's workers shard the model
 
     @property
@@ -144,7 +146,7 @@ FULL = Scale(
     pretrain_tokens=15e12, midtrain_tokens=3.75e12,
     # a worker a GPU (a compute tray: 4 GPUs, 2 Grace CPUs of 72 cores and 480 GB); workers: the plan's ranks
     train_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=792),
-    data_resources=Resources(cpus=8, memory_gb=32),
+    data_resources=None,  # planned per step: steps/data/plan.py, printed by --dry-run
     # eval loads the checkpoint sharded, as the trainer does: the fp32 weights are 533.8B x 4 B =
     # 2.14 TB, so one rack's expert mesh (64 GPUs, EP64, 6 experts a GPU) holds 33 GB a GPU of
     # weights, no gradients or optimizer state, and forwards of `EvalConfig.batch_size` windows
@@ -153,7 +155,7 @@ FULL = Scale(
     tokenizer_vocab=128_256,
     optimizer=OptimizerConfig(lr=2.2e-4, warmup_steps=2000, min_lr_ratio=0.1, weight_decay=0.1),
     checkpoint_every=500,
-    heldout=FULL_HELDOUT, eval_tasks=FULL_TASKS,
+    heldout=FULL_HELDOUT, eval_tasks=FULL_TASKS, eval_tokens=3e6,
 )
 
 # The laptop recipe of docs/training.md ("Laptop settings"): 400 steps of 32 sequences of 64 + 1
@@ -192,6 +194,9 @@ class VoyageConfig:
     memory_target_gib: float = MEMORY_TARGET_GIB  # a GPU's memory a plan may use; above it: refused (plan.py says why)
     open_only: bool = False  # the exported model is for public release: only open licences may reach it
     laptop_steps: int = 0  # with --laptop: optimizer steps, four fifths pretrain (0: the recipe's 400; the tests run fewer)
+    data_nodes: int = 100  # CPU nodes the data steps run on (docs/DATA.md: 100 nodes of 64 cores)
+    data_node_cores: int = 64
+    data_node_memory_gb: float = 256.0
 
 
 def release_policy(config: VoyageConfig) -> LicensePolicy | None:
@@ -228,8 +233,9 @@ def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
 def data_and_heldout(config: VoyageConfig) -> tuple[Step, dict[str, Step], Step]:
     """The tokenizer step, per source its tokenized dataset, and the tokenized held-out set."""
     scale = scale_of(config)
-    heldout_raw = _ingest(scale, scale.heldout)
-    raws = {src.name: _ingest(scale, src) for src in scale.sources}
+    sized = _sizer(config)
+    heldout_raw = _ingest(scale, scale.heldout, sized)
+    raws = {src.name: _ingest(scale, src, sized) for src in scale.sources}
     groups: dict[str, list[Source]] = {}
     for src in scale.sources:
         groups.setdefault(src.dedup_group or src.name, []).append(src)
@@ -237,14 +243,14 @@ def data_and_heldout(config: VoyageConfig) -> tuple[Step, dict[str, Step], Step]
     for group, members in groups.items():
         if len(members) == 1 and not members[0].dedup_group:
             dd = Step(f"dedup/{group}", dedup, DedupConfig(documents=output_of(raws[group]), seed=config.seed),
-                      resources=scale.data_resources)
+                      resources=sized(f"dedup/{group}"))
             deduped[group] = output_of(dd)
             continue
         dd = Step(f"dedup/{group}", dedup, DedupConfig(documents={s.name: output_of(raws[s.name]) for s in members},
-                                                       seed=config.seed), resources=scale.data_resources)
+                                                       seed=config.seed), resources=sized(f"dedup/{group}"))
         deduped.update({s.name: output_of(dd, s.name) for s in members})
     # the sources' order; each source decontaminated on its own after dedup
-    docs = {src.name: output_of(decontam_step(scale, src.name, deduped[src.name])) for src in scale.sources}
+    docs = {src.name: output_of(decontam_step(scale, src.name, deduped[src.name], sized)) for src in scale.sources}
     if config.laptop:
         tok = Step("tokenizer/bpe-512", train_tokenizer,
                    TrainTokenizerConfig(documents=tuple(docs.values()),
@@ -256,30 +262,47 @@ def data_and_heldout(config: VoyageConfig) -> tuple[Step, dict[str, Step], Step]
     tokenized = {
         name: Step(f"tokenized/{name}", tokenize,
                    TokenizeConfig(documents=d, tokenizer=output_of(tok), bos=None, eos=_eos(config)),
-                   resources=scale.data_resources)
+                   resources=sized(f"tokenized/{name}"))
         for name, d in docs.items()}
     heldout = Step(f"tokenized/{scale.heldout.name}", tokenize,
                    TokenizeConfig(documents=output_of(heldout_raw), tokenizer=output_of(tok), bos=None,
-                                  eos=_eos(config)), resources=scale.data_resources)
+                                  eos=_eos(config)), resources=sized(f"tokenized/{scale.heldout.name}"))
     return tok, tokenized, heldout
 
 
-def _ingest(scale: Scale, src: Source) -> Step:
+def data_plan_of(config: VoyageConfig) -> DataPlan:
+    """The data plan at full size on the voyage's CPU nodes (a VoyageError when a task of some
+    step cannot fit one node: exit 2)."""
+    nodes = CpuNodes(config.data_nodes, config.data_node_cores, config.data_node_memory_gb)
+    if min(nodes.count, nodes.cores) < 1 or nodes.memory_gb <= 0:
+        raise VoyageError(f"data_nodes, data_node_cores and data_node_memory_gb must be positive, got {nodes}")
+    sources = [DataSource(s.name, s.tokens, getattr(s, "dedup_group", "")) for s in FULL.sources]
+    return plan_data(sources, nodes, heldout_tokens=FULL.heldout.tokens, eval_tokens=FULL.eval_tokens)
+
+
+def _sizer(config: VoyageConfig):
+    """Step name -> its Resources: the laptop's fixed ones, or at full scale the data plan's."""
+    if config.laptop:
+        return lambda name: LAPTOP.data_resources
+    plan = data_plan_of(config)
+    return plan.resources
+
+
+def _ingest(scale: Scale, src: Source, sized) -> Step:
     return Step(f"raw/{src.name}", ingest, IngestConfig(input=src.url, text_field=src.text_field, root=str(REPO),
                                                           license=src.license),
-                resources=scale.data_resources)
+                resources=sized(f"raw/{src.name}"))
 
 
-def decontam_step(scale: Scale, name: str, documents: InputRef) -> Step:
+def decontam_step(scale: Scale, name: str, documents: InputRef, sized) -> Step:
     """Remove from a source the documents sharing a 13-gram with what eval reports: the held-out
     documents and the lm-eval tasks. The held-out files are read as given, not through their
     ingest step: no held-out text reaches the output, so its licence must not flow into training
     (executor/lineage.py follows every edge)."""
     evals = (EvalSet(scale.heldout.name, documents=scale.heldout.url),
              *(EvalSet(task, task=task) for task in scale.eval_tasks))
-    return Step(f"decontam/{name}", decontaminate,
-                DecontamConfig(documents=documents, evals=evals, root=str(REPO)),
-                resources=scale.data_resources)
+    return Step(f"decontam/{name}", decontaminate, DecontamConfig(documents=documents, evals=evals, root=str(REPO)),
+                resources=sized(f"decontam/{name}"))
 
 
 def _eos(config: VoyageConfig) -> str:
@@ -435,5 +458,7 @@ def summary(config: VoyageConfig) -> str:
                                    f"({r.seconds:.1f} s); one global and one windowed block and the head traced "
                                    f"under FakeTensorMode at the micro-batch ({measured.trace_seconds:.1f} s)")),
         "  " + describe_anchor(),
+        "",
+        format_data_plan(data_plan_of(config)),
     ]
     return "\n".join(lines)

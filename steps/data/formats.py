@@ -351,6 +351,32 @@ class TokenDataset:
             start, n, k = start + take, n - take, k + 1
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def spans(self, start: int, n: int) -> list[tuple[int, int, int]]:
+        """Where tokens `start .. start+n` lie: (shard index, first, end) within each shard."""
+        if start < 0 or start + n > self.num_tokens:
+            raise IndexError(f"tokens {start}..{start + n} out of range 0..{self.num_tokens}")
+        out = []
+        k = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while n > 0:
+            shard = self.shards[k]
+            lo = start - shard.start
+            take = min(n, shard.tokens - lo)
+            if take > 0:
+                out.append((k, lo, lo + take))
+            start, n, k = start + take, n - take, k + 1
+        return out
+
+    def read_spans(self, spans: Sequence[tuple[int, int, int]]) -> list[np.ndarray]:
+        """The tokens of each (shard index, first, end): memory-mapped locally, else one batch
+        of range reads (`fs.cat_ranges`, which an object store's filesystem issues concurrently)."""
+        if self._local or not spans:
+            return [self._array(self.shards[k].name, "tokens", self.dtype, lo, hi) for k, lo, hi in spans]
+        size = self.dtype.itemsize
+        paths = [posixpath.join(self._root, f"shards/{self.shards[k].name}.tokens") for k, _, _ in spans]
+        blobs = self.fs.cat_ranges(paths, [lo * size for _, lo, _ in spans], [hi * size for _, _, hi in spans],
+                                   on_error="raise")  # fsspec's default returns the exceptions in the list
+        return [np.frombuffer(b, dtype=self.dtype) for b in blobs]
+
     def offsets(self, shard: int) -> np.ndarray:
         s = self.shards[shard]
         return self._array(s.name, "offsets", np.dtype(np.int64), 0, s.documents + 1)

@@ -91,15 +91,35 @@ def check_batch(batch_size: int, mesh: Any, microbatch: int) -> int:
 
 
 class Batches:
-    """The token windows of one worker: `step(s)` -> micro-batches, each int64 [m, seq_len]."""
+    """The token windows of one worker: `step(s)` -> micro-batches, each int64 [m, seq_len].
 
-    def __init__(self, manifest: dict[str, Any], batch_size: int, rank: int, workers: int, microbatch: int) -> None:
+    The next `ahead` steps' sequences are fetched on a background thread with coalesced range
+    reads (steps/train/readahead.py), bitwise the same batches; `ahead=0` reads each step when
+    asked. `wait_s` is the time `step` spent waiting for data."""
+
+    def __init__(self, manifest: dict[str, Any], batch_size: int, rank: int, workers: int, microbatch: int,
+                 ahead: int = 4) -> None:
+        from steps.train.readahead import ReadAhead
+
         self.sampler = MixtureSampler(manifest)
         self.batch_size, self.rank, self.workers = batch_size, rank, workers
         self.share = batch_size // workers
         self.micro = microbatch or self.share
+        self.reader = ReadAhead(self.sampler, self.indices, self.sampler.size // batch_size, depth=ahead)
+
+    def indices(self, s: int) -> range:
+        """The global sequences this worker reads at step `s`."""
+        first = s * self.batch_size + self.rank * self.share
+        return range(first, first + self.share)
+
+    @property
+    def wait_s(self) -> float:
+        return self.reader.wait_s
 
     def step(self, s: int) -> list[np.ndarray]:
-        first = s * self.batch_size + self.rank * self.share
-        rows = np.stack([self.sampler.sequence(i) for i in range(first, first + self.share)]).astype(np.int64)
+        rows = self.reader.rows(s).astype(np.int64)
         return [rows[i:i + self.micro] for i in range(0, self.share, self.micro)]
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (it also stops with the process)."""
+        self.reader.close()

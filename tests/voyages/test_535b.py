@@ -6,6 +6,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -62,6 +63,9 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     assert "dp_replicate 11 x dp_shard 64, expert-parallel EP64 inside a rack (6 experts a GPU)" in out
     assert "fake process group of 704 ranks" in out and "traced" in out
     assert "8.34B elements on the largest rank" in out
+    # the data plan (steps/data/plan.py), each data step sized from it
+    assert "data plan at full size, on 100 nodes of 64 cores and 256 GiB" in out
+    assert re.search(r"tokenized/nemotron-cc +63,000 +8 cpu", out) and "(.venv/bin/python bench/data_plan.py" in out
     a2a = next(line for line in out.splitlines() if line.strip().startswith("expert all-to-all"))
     assert "ep 64" in a2a and "nvlink" in a2a and " TB " in a2a
     assert any("across racks" in line and "network" in line for line in out.splitlines())

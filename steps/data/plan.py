@@ -1,0 +1,254 @@
+"""The data plan: what each data step of a voyage costs at full size, before anything runs.
+
+For each data step (ingest, dedup by pass, decontaminate, tokenize) of each source: its tasks,
+core-hours, the peak memory of one task, bytes read and written, and the wall time on the CPU
+nodes the voyage declares; the resources each step (and so each of its tasks) asks Ray for come
+from it. A task that cannot fit one node (more CPUs or memory than a node has) stops the voyage
+at plan time (VoyageError: exit 2, one line), instead of waiting forever for a node Ray never has.
+
+Every figure is computed from a source's declared tokens and the per-core throughputs in `RATES`,
+each measured by a bench script (its command beside it), and from the formats' own sizes:
+
+- documents: tokens / TOKENS_PER_DOC; text: tokens x BYTES_PER_TOKEN; a zstd shard holds
+  text / ZSTD_RATIO bytes; shards: documents / DOCS_PER_SHARD (ingest's `max_docs_per_shard`);
+- dedup (issue 19's design, steps/data/dedup.py): pass 1 a task a shard writing one sorted run
+  a section (28 bands + exact) of records (key, id, the 112-word signature carried for
+  verification: 464 bytes); pass 2 one task per (section, key range) of `keys_per_task` records;
+  pass 3 hash partitions of `pairs_per_task` duplicate edges (both ways) for each round; pass 4 a
+  task a shard. Its core-hours are the whole step's measured rate; its memory the largest pass's;
+- decontaminate: the eval index (16 bytes an eval n-gram, held twice while it loads) beside one
+  batch of documents;
+- tokenize: uint32 tokens (a 128k vocabulary), `cpus` encoder threads a task.
+
+Wall time: a step's core-hours over the cores it can use at once: on each node as many tasks as
+both its cores and its memory allow, and never more tasks than it has.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from executor import Resources, VoyageError
+
+GiB = 2**30
+TOKENS_PER_DOC = 1_000  # docs/DATA.md: ~1k tokens a document at the voyage's size
+BYTES_PER_TOKEN = 4.4  # docs/DATA.md: text bytes a Llama 3 token
+DOCS_PER_SHARD = 100_000  # ingest's max_docs_per_shard
+WORKER_GB = 0.25  # a Ray worker's Python, numpy and fsspec before a task allocates anything
+DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
+DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.data.dedup_runs.record_dtype)
+DEDUP_PER_RECORD = 160  # Python and heap overhead a merged record (dedup.py's own declaration)
+KEYS_PER_TASK = 1 << 20  # DedupConfig.keys_per_task
+PAIRS_PER_TASK = 1 << 22  # DedupConfig.pairs_per_task
+DUPLICATE_SHARE = 0.01  # near-duplicate documents (issue 19: "~0.5 TB of raw pairs at 1%")
+COMPONENT_ROUNDS = 6  # large-star/small-star rounds (logarithmic in the largest cluster)
+EVAL_NGRAM_BYTES = 16  # decontam.EvalIndex: a uint64 hash and a uint64 set mask
+WORDS_PER_TOKEN = 0.75
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A per-core throughput and the command that measured it."""
+
+    value: float
+    unit: str
+    command: str
+
+
+BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
+# Measured on the development machine (docs/benchmarks.md "Per-core throughputs of the data steps").
+RATES = {
+    "ingest": Rate(31.8e6, "bytes of text/s", BENCH),
+    # main's dedup (one band task a band); the distributed dedup of issue 19 item 1 is to be
+    # measured with the same command once merged
+    "dedup": Rate(2_067 * 656, "tokens/s (2,067 documents of 656 tokens)", BENCH),
+    "decontaminate": Rate(6.5e6, "bytes of text/s (a 1M-n-gram eval side)",
+                          ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 3"),
+    "tokenize": Rate(0.40e6, "tokens/s a thread", BENCH),
+}
+ZSTD_RATIO = Rate(2.97, "text bytes / zstd shard bytes", BENCH)
+
+
+@dataclass(frozen=True)
+class CpuNodes:
+    """The CPU nodes a voyage's data steps run on."""
+
+    count: int
+    cores: int
+    memory_gb: float
+
+    def describe(self) -> str:
+        return f"{self.count} nodes of {self.cores} cores and {self.memory_gb:g} GiB"
+
+
+@dataclass
+class StepPlan:
+    """One data step at full size."""
+
+    name: str
+    tasks: int
+    cpus: int  # a task's
+    memory_gb: float  # a task's peak
+    core_hours: float
+    read_bytes: float
+    written_bytes: float
+    wall_hours: float = 0.0
+    detail: str = ""
+    rate: str = ""
+
+    def resources(self) -> Resources:
+        """What the step (and each of its tasks) asks Ray for."""
+        return Resources(cpus=self.cpus, memory_gb=round(self.memory_gb, 2))
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What the plan needs of a source: its declared tokens and its dedup group."""
+
+    name: str
+    tokens: float
+    group: str = ""
+
+
+@dataclass
+class DataPlan:
+    nodes: CpuNodes
+    steps: list[StepPlan] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> StepPlan:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def resources(self, name: str) -> Resources:
+        return self[name].resources()
+
+
+def plan_data(sources: Sequence[DataSource], nodes: CpuNodes, heldout_tokens: float = 0.0,
+              eval_tokens: float = 0.0, tokenize_threads: int = 8) -> DataPlan:
+    """The plan of ingest, dedup (per group), decontaminate and tokenize for `sources`; a
+    VoyageError naming the step when one task cannot fit a node."""
+    plan = DataPlan(nodes)
+    groups: dict[str, list[DataSource]] = {}
+    for src in sources:
+        groups.setdefault(src.group or src.name, []).append(src)
+        plan.steps.append(_ingest(src.name, src.tokens))
+    for group, members in groups.items():
+        plan.steps.append(_dedup(group, sum(m.tokens for m in members)))
+    eval_ngrams = (heldout_tokens + eval_tokens) * WORDS_PER_TOKEN
+    for src in sources:
+        plan.steps.append(_decontam(src.name, src.tokens, eval_ngrams))
+        plan.steps.append(_tokenize(src.name, src.tokens, tokenize_threads))
+    if heldout_tokens:
+        plan.steps.append(_ingest("heldout", heldout_tokens))
+        plan.steps.append(_tokenize("heldout", heldout_tokens, tokenize_threads))
+    for step in plan.steps:
+        _check_fits(step, nodes)
+        step.wall_hours = _wall(step, nodes)
+    return plan
+
+
+def _shards(tokens: float) -> int:
+    return max(1, math.ceil(tokens / TOKENS_PER_DOC / DOCS_PER_SHARD))
+
+
+def _zst(tokens: float) -> float:
+    return tokens * BYTES_PER_TOKEN / ZSTD_RATIO.value
+
+
+def _ingest(name: str, tokens: float) -> StepPlan:
+    text = tokens * BYTES_PER_TOKEN
+    # a task streams: a 1 MB read chunk, a 1 MB writer buffer and its copy, one record
+    return StepPlan(f"raw/{name}", _shards(tokens), 1, WORKER_GB + 0.25, text / RATES["ingest"].value / 3600,
+                    _zst(tokens), _zst(tokens), rate="ingest")
+
+
+def _dedup(group: str, tokens: float) -> StepPlan:
+    docs = tokens / TOKENS_PER_DOC
+    shards = _shards(tokens)
+    per_shard = docs / shards
+    runs = docs * DEDUP_SECTIONS * DEDUP_RECORD
+    p1_gb = WORKER_GB + per_shard * DEDUP_SECTIONS * DEDUP_RECORD * 2 / GiB  # a shard's records and their sort
+    ranges = math.ceil(docs / KEYS_PER_TASK)
+    p2_tasks = DEDUP_SECTIONS * ranges
+    p2_gb = WORKER_GB + KEYS_PER_TASK * (DEDUP_RECORD + DEDUP_PER_RECORD) / GiB
+    edges = 2 * docs * DUPLICATE_SHARE
+    parts = max(1, math.ceil(edges / PAIRS_PER_TASK))
+    p3_gb = WORKER_GB + PAIRS_PER_TASK * 16 * 8 / GiB
+    p4_gb = WORKER_GB + 0.25
+    passes = [("pass 1", shards, p1_gb), ("pass 2", p2_tasks, p2_gb), ("pass 3", parts * COMPONENT_ROUNDS, p3_gb),
+              ("pass 4", shards, p4_gb)]
+    detail = "; ".join(f"{p} {n:,} x {gb:.2f} GiB" for p, n, gb in passes)
+    return StepPlan(f"dedup/{group}", sum(n for _, n, _ in passes), 1, max(gb for _, _, gb in passes),
+                    tokens / RATES["dedup"].value / 3600,
+                    2 * _zst(tokens) + runs + edges * 16 * COMPONENT_ROUNDS,
+                    runs + _zst(tokens) * (1 - DUPLICATE_SHARE) + edges * 16 * COMPONENT_ROUNDS,
+                    detail=detail, rate="dedup")
+
+
+def _decontam(name: str, tokens: float, eval_ngrams: float) -> StepPlan:
+    gb = WORKER_GB + 0.25 + 2 * eval_ngrams * EVAL_NGRAM_BYTES / GiB
+    return StepPlan(f"decontam/{name}", _shards(tokens), 1, gb, tokens * BYTES_PER_TOKEN / RATES["decontaminate"].value / 3600,
+                    _zst(tokens) + eval_ngrams * 8, _zst(tokens), detail=f"eval index {eval_ngrams:.3g} n-grams",
+                    rate="decontaminate")
+
+
+def _tokenize(name: str, tokens: float, threads: int) -> StepPlan:
+    # two batches of 1,024 documents as text and ids, and the tokenizer (a 128k BPE: ~0.5 GB in Rust)
+    gb = WORKER_GB + 0.5 + 2 * 1024 * TOKENS_PER_DOC * (BYTES_PER_TOKEN + 12) / GiB
+    return StepPlan(f"tokenized/{name}", _shards(tokens), threads, gb, tokens / RATES["tokenize"].value / 3600,
+                    _zst(tokens), tokens * 4 + _shards(tokens) * DOCS_PER_SHARD * 8, rate="tokenize")
+
+
+def _slots(step: StepPlan, nodes: CpuNodes) -> int:
+    return min(nodes.cores // step.cpus, int(nodes.memory_gb // step.memory_gb))
+
+
+def _check_fits(step: StepPlan, nodes: CpuNodes) -> None:
+    if step.cpus > nodes.cores or step.memory_gb > nodes.memory_gb:
+        raise VoyageError(f"data plan: a task of {step.name} needs {step.cpus} CPUs and {step.memory_gb:.1f} GiB, a CPU "
+                          f"node has {nodes.cores} cores and {nodes.memory_gb:g} GiB ({nodes.describe()})")
+
+
+def _wall(step: StepPlan, nodes: CpuNodes) -> float:
+    cores = min(nodes.count * _slots(step, nodes), step.tasks) * step.cpus
+    return step.core_hours / max(cores, 1)
+
+
+def format_data_plan(plan: DataPlan) -> str:
+    """The plan as the dry-run prints it: a table, totals, and where each throughput comes from."""
+    lines = [f"data plan at full size, on {plan.nodes.describe()} (steps/data/plan.py):",
+             f"  {'step':<26} {'tasks':>9} {'task':>14} {'core-hours':>11} {'read':>9} {'written':>9} {'wall':>9}"]
+    for s in plan.steps:
+        lines.append(f"  {s.name:<26} {s.tasks:>9,} {s.cpus:>3} cpu {s.memory_gb:>5.2f} GiB {s.core_hours:>11,.0f} "
+                     f"{_size(s.read_bytes):>9} {_size(s.written_bytes):>9} {_hours(s.wall_hours):>9}")
+        if s.detail:
+            lines.append(f"  {'':<26} {s.detail}")
+    total = sum(s.core_hours for s in plan.steps)
+    lines.append(f"  {'all':<26} {sum(s.tasks for s in plan.steps):>9,} {'':>14} {total:>11,.0f}"
+                 f" {_size(sum(s.read_bytes for s in plan.steps)):>9} "
+                 f"{_size(sum(s.written_bytes for s in plan.steps)):>9} {_hours(sum(s.wall_hours for s in plan.steps)):>9}"
+                 " (steps one after another)")
+    lines.append(f"  from: {TOKENS_PER_DOC:,} tokens a document, {BYTES_PER_TOKEN} bytes a token, "
+                 f"{DOCS_PER_SHARD:,} documents a shard, zstd {ZSTD_RATIO.value:g}x ({ZSTD_RATIO.command}); per core:")
+    for name, r in RATES.items():
+        lines.append(f"    {name:<14} {_rate(r.value)} {r.unit}  ({r.command})")
+    return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def _hours(h: float) -> str:
+    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"
+
+
+def _rate(v: float) -> str:
+    return f"{v / 1e6:,.2f}M" if v >= 1e6 else f"{v:,.0f}"

@@ -1,0 +1,60 @@
+"""The data plan (steps/data/plan.py): figures from declared tokens and measured rates, the
+voyage's data steps sized from it, and a task that cannot fit a node is exit 2, one line."""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from executor import VoyageError
+from steps.data.plan import BYTES_PER_TOKEN, RATES, ZSTD_RATIO, CpuNodes, DataSource, format_data_plan, plan_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+VOYAGE = os.path.join(ROOT, "voyages", "535b.py")
+
+
+def test_figures_follow_from_tokens_and_rates():
+    nodes = CpuNodes(10, 64, 256)
+    plan = plan_data([DataSource("a", 1e12), DataSource("b", 1e11, group="a")], nodes, heldout_tokens=1e8)
+    ingest = plan["raw/a"]
+    assert ingest.tasks == 10_000  # 1e9 documents of 1k tokens, 100k a shard
+    assert ingest.core_hours == pytest.approx(1e12 * BYTES_PER_TOKEN / RATES["ingest"].value / 3600)
+    assert ingest.read_bytes == pytest.approx(1e12 * BYTES_PER_TOKEN / ZSTD_RATIO.value)
+    # one dedup step for the group, over both sources' documents; pass 2: 29 sections x key ranges of 2^20
+    dd = plan["dedup/a"]
+    assert "pass 2 30,450 x" in dd.detail and dd.tasks > 30_450  # 29 x ceil(1.1e9 / 2^20)
+    assert plan["tokenized/a"].written_bytes > 4e12  # uint32 tokens and int64 offsets
+    assert plan["tokenized/a"].resources().cpus == 8 and plan["decontam/a"].resources().memory_gb > 2
+    # wall: never faster than the cores a step can use at once
+    t = plan["tokenized/a"]
+    assert t.wall_hours == pytest.approx(t.core_hours / (10 * 8 * 8))
+    assert "from: 1,000 tokens a document" in format_data_plan(plan)
+    assert all(r.command.startswith(".venv/bin/python bench/") for r in RATES.values())
+
+
+def test_a_task_that_cannot_fit_a_node_is_an_error_naming_it():
+    with pytest.raises(VoyageError, match=r"data plan: a task of tokenized/a needs 8 CPUs and .* a CPU node has 4 cores"):
+        plan_data([DataSource("a", 1e9)], CpuNodes(10, 4, 256))
+    # the eval index of 2e8 held-out tokens (1.5e8 n-grams, 16 B each, twice while loading) does not fit 4 GiB
+    with pytest.raises(VoyageError, match=r"a task of decontam/a needs 1 CPUs and 5.0 GiB, a CPU node has 64 cores and 4 GiB"):
+        plan_data([DataSource("a", 1e9)], CpuNodes(10, 64, 4), heldout_tokens=2e8)
+
+
+def test_the_voyage_sizes_its_data_steps_from_the_plan_and_exits_2_when_one_cannot_fit(capsys):
+    from executor.cli import main
+
+    spec = importlib.util.spec_from_file_location("voyage_535b_plan_test", VOYAGE)
+    v535 = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = v535
+    spec.loader.exec_module(v535)
+    config = v535.VoyageConfig()
+    plan = v535.data_plan_of(config)
+    _tok, tokenized, heldout = v535.data_and_heldout(config)
+    step = tokenized["nemotron-cc"]
+    assert step.resources == plan.resources("tokenized/nemotron-cc")
+    assert v535.FULL.data_resources is None  # no guessed figure left
+    code = main([VOYAGE, "--dry-run", "--prefix", "/nonexistent/never-written", "--data_node_memory_gb", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "data plan: a task of dedup/nemotron-cc needs" in err, err
+    assert not os.path.exists("/nonexistent/never-written")
