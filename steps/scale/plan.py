@@ -473,6 +473,8 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
             for mode in (MODES if checkpointing == "auto" else (checkpointing,)):
                 acts = formula_activations(setup, Choice(mesh, mb, mode))  # the same whatever the offload
                 for off in (OFFLOADS if offload == "auto" else (offload,)):
+                    if off == "replicas" and mesh.dp_replicate == 1 and offload == "auto":
+                        continue  # one replica: the same plan as "none"
                     plan = estimate(setup, Choice(mesh, mb, mode, off), acts=acts)
                     if plan.fits:
                         feasible.append(plan)
