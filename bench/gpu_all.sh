@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of issue 12 in one run on one H200, in under 8 minutes: the router kernel
+# The GPU benchmarks of issues 12 and 22 in one run on one H200 (the last part, issue 22's block check, may need
+# a run of its own: `python3 bench/gpu_block_memory.py`, under 3 minutes): the router kernel
 # (bench/router.py: fused forward + backward against eager torch and against copy bandwidth) and
 # training the `small` preset (bench/train_gpu.py: MFU under none / selective / full activation
 # checkpointing, the grouped-GEMM expert path, the fused router; our MoE layer beside torchtitan's
@@ -31,3 +32,7 @@ echo "router: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OU
 start=$(date +%s)
 timeout 250 python3 bench/train_gpu.py 2>&1 | tee "$OUT/train_gpu.txt"
 echo "train_gpu: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/train_gpu.txt"
+start=$(date +%s)
+# issue 22 item 6: one 535B block's memory and time against the plan (under 3 minutes)
+timeout 170 python3 bench/gpu_block_memory.py --checkpointing selective 2>&1 | tee "$OUT/gpu_block_memory.txt"
+echo "gpu_block_memory: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu_block_memory.txt"

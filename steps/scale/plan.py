@@ -345,7 +345,8 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
             Row("expert-load headroom", headroom, f"busiest rank: {setup.load_mean:g}x the mean rows kept, "
                 f"{skew:g}x in one block's buffers " + ("(the rank capacity)" if setup.bounded else "(dropless, unbounded)")),
             Row("head and loss (own moment)", acts.head + head_unit,
-                f"logits, fp32 softmax and grads + gathered head, {acts.source}"),
+                f"the head fused with the loss, {getattr(cfg, 'loss_chunk', cfg.vocab_size):,} vocabulary rows at a "
+                f"time (steps/moe/head.py) + gathered head, {acts.source}"),
             Row("CUDA context and cuBLAS", context_bytes, f"{hw.cuda_context_gb:g} GB (assumed)"),
             Row("NCCL buffers", nccl, f"{hw.nccl_buffers_gb:g} GB: a communicator a mesh dimension (assumed)"),
             Row("allocator fragmentation reserve", fragmentation,
@@ -472,6 +473,8 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
             for mode in (MODES if checkpointing == "auto" else (checkpointing,)):
                 acts = formula_activations(setup, Choice(mesh, mb, mode))  # the same whatever the offload
                 for off in (OFFLOADS if offload == "auto" else (offload,)):
+                    if off == "replicas" and mesh.dp_replicate == 1 and offload == "auto":
+                        continue  # one replica: the same plan as "none"
                     plan = estimate(setup, Choice(mesh, mb, mode, off), acts=acts)
                     if plan.fits:
                         feasible.append(plan)

@@ -195,6 +195,10 @@ def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Pla
               f"cross-rack all-reduce behind the last micro-batch's backward",
               f"    expert load: the busiest EP rank gets {s.load_mean:g}x the mean rows on average (time, kept "
               f"activations) and {s.skew_bound:g}x in its worst micro-batch (buffers)",
+              "    checked on hardware: nothing yet. Every figure above is modelled (closed forms, the fake process "
+              "group's shards, FakeTensorMode traces, spec-sheet links, the efficiency fitted to the anchor); "
+              "bench/gpu_block_memory.py (in bench/gpu_all.sh) holds one 535B block's max_memory_allocated, "
+              "max_memory_reserved and time to the plan's when a GPU is lent",
               "    activations as torch's CPU kernels keep them (RMSNorm's fp32 parts, the eager router): the GPU's "
               "fused kernels keep less"]
     return "\n".join(lines)

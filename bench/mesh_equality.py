@@ -1,0 +1,64 @@
+"""The gloo equality table of issue 22: twenty steps of the tiny preset (16 sequences a step) on
+one process and on several meshes of gloo processes, compared in loss, gradient norm and every
+weight after the last step, not in the loss alone (AdamW's scale invariance can hide a wrong
+gradient divisor behind the loss). The same runs as tests/steps/train/test_train_mesh.py, which
+holds them to tolerances; this prints the figures.
+
+    python bench/mesh_equality.py [--root /tmp/mesh-equality]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "steps" / "train"))
+
+MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
+    "ep=4 (dp_shard 4)": (dict(ep=4), 4, 0),
+    "HSDP 2 x 2, ep=2": (dict(dp_replicate=2, dp_shard=2, ep=2), 4, 2),
+    "HSDP 2 x 2, ep=2, AdamW sharded over replicas": (dict(dp_replicate=2, dp_shard=2, ep=2, offload="replicas"), 4, 2),
+    "dp_replicate 2 x 1, AdamW sharded over replicas": (dict(dp_replicate=2, dp_shard=1, offload="replicas"), 2, 0),
+}
+
+
+def _rows(out: str) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, open(f"{out}/metrics.jsonl"))}
+
+
+def main() -> None:
+    import torch
+    from meshkit import config, run_mesh
+    from trainkit import build_tokens, make_mixture
+
+    from steps.train.config import ParallelConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default="/tmp/mesh-equality")
+    args = ap.parse_args()
+    root = pathlib.Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    tokens = build_tokens(root / "data")
+    mix = make_mixture(tokens, root / "mix", sequences=320, stages=((1.0, {"kjv": 1.0}),))
+    one = run_mesh(config(mix, ParallelConfig()), str(root / "one"), 1)
+    ref, ref_w = _rows(one), torch.load(f"{one}/dumps/final.pt")
+    print("| mesh | processes | loss (max rel. diff, 20 steps) | grad norm (max rel. diff) | weights after 20 steps "
+          "(max over tensors of |diff| / |w|) |")
+    print("|---|---|---|---|---|")
+    for i, (name, (fields, workers, micro)) in enumerate(MESHES.items()):
+        out = run_mesh(config(mix, ParallelConfig(**fields), microbatch=micro), str(root / f"mesh{i}"), workers)
+        got, got_w = _rows(out), torch.load(f"{out}/dumps/final.pt")
+        loss = max(abs(got[s]["loss"] - ref[s]["loss"]) / ref[s]["loss"] for s in ref)
+        norm = max(abs(got[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in ref)
+        weights = max(float((got_w[k] - ref_w[k]).norm() / ref_w[k].norm()) for k in ref_w)
+        print(f"| {name} | {workers} | {loss:.1e} | {norm:.1e} | {weights:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
