@@ -12,10 +12,11 @@ that marker only when everything before it holds:
 
 Async (`trainer.async_checkpoint`): DCP's `async_save` stages the state into host memory (pinned
 on CUDA) before it returns, so training waits for that copy only; the upload runs in DCP's
-thread. The marker is then written by the training thread, never by the upload thread: at the
-next step after the upload completes (one process), at the next checkpoint, or at the end
-(several ranks: there the ranks must agree, so they finish it at a point all of them reach). An
-attempt that dies during an upload leaves a folder without meta.json: the previous checkpoint is
+thread. The marker is then written by the training thread, never by the upload thread: after
+the first step at which the upload has completed on every rank (one all-reduce of a flag a step
+while an upload runs), or at the next checkpoint, or at the end. The upload's own collectives
+run on a gloo group of their own (sharing the training's group, they interleaved with its
+all-reduces and gloo aborted on the mismatch). An attempt that dies during an upload leaves a folder without meta.json: the previous checkpoint is
 still the one in force, and the next attempt deletes the unfinished folder.
 """
 
@@ -152,6 +153,10 @@ class Saver:
         self.pending: _Pending | None = None
         self.stalls: list[float] = []  # seconds training waited per save
         self.main = not dist.is_initialized() or dist.get_rank() == 0
+        # The upload thread's collectives (DCP's plan exchange) must never interleave with the
+        # training thread's on one group: async saves get a gloo group of their own (a collective
+        # to create, so every rank builds its Saver at the same point), as torchtitan does.
+        self.group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
              meta: dict[str, Any], run: dict[str, Any] | None) -> None:
@@ -187,7 +192,7 @@ class Saver:
         with checkpoint._single_process_ok():
             if self.async_save:
                 pending.future = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
-                                                no_dist=not dist.is_initialized())
+                                                process_group=self.group, no_dist=not dist.is_initialized())
             else:
                 dcp.save(full, storage_writer=writer, no_dist=not dist.is_initialized())
         pending.stall_s = time.perf_counter() - t0
@@ -197,10 +202,17 @@ class Saver:
         self.stalls.append(time.perf_counter() - t0)
 
     def poll(self) -> None:
-        """Finish an async save whose upload is done (one process: every step; several ranks
-        finish at the next save or at the end, where they all are)."""
+        """Finish an async save whose upload is done on every rank; called by every rank after
+        every step (several ranks agree with one 4-byte all-reduce a step while an upload runs)."""
         p = self.pending
-        if p is not None and p.future is not None and not dist.is_initialized() and p.future.done():
+        if p is None or p.future is None:
+            return
+        done = p.future.done()
+        if dist.is_initialized():
+            flag = torch.tensor([int(done)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            done = bool(flag.item())
+        if done:
             t0 = time.perf_counter()
             self.finish()
             if self.stalls:  # verifying and marking is the training thread's time too

@@ -81,3 +81,19 @@ def test_a_kill_during_an_async_upload_leaves_the_previous_checkpoint_in_force(m
     (s1, w1), (s2, w2) = _weights(sync.output), _weights(resumed.output)
     assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
     assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [20, 21]
+
+
+def test_async_saves_on_two_ranks_are_marked_while_training_goes_on(mix, tmp_path):
+    from steps.train.config import ParallelConfig
+    from steps.train.loop import Killed
+
+    # FSDP over two spawned processes, experts split in two: DCP's upload collectives must not
+    # interleave with the training's all-reduces (they did on one group: gloo aborted)
+    cfg = _config(mix, workers=2, parallel=ParallelConfig(ep=2), async_checkpoint=True, fail_after_steps=12)
+    with pytest.raises(Killed):
+        run_step(pretrain, cfg, tmp_path / "two", name="pre")
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path / "two"))] == [5, 10]  # marked mid-run
+    done = run_step(pretrain, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0)),
+                    tmp_path / "two", name="pre")
+    assert done.results["final_step"] == 21
+    assert checkpoint.read_run(checkpoint.list_checkpoints(str(tmp_path / "two"))[-1].url)["verified"]["sampled"]
