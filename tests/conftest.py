@@ -30,9 +30,19 @@ def ray_local(gcs_emulator):
     started first would never see STORAGE_EMULATOR_HOST and its tasks would go to the real GCS."""
     import ray
 
-    if not ray.is_initialized():
-        # "local": our own Ray, never a cluster another `ray start` on this machine left its address for
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", configure_logging=False)
+    for attempt in range(2):
+        if ray.is_initialized():
+            break
+        try:
+            # "local": our own Ray, never a cluster another `ray start` on this machine left its address for
+            ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
+                     configure_logging=False)
+        except Exception as e:  # noqa: BLE001
+            # Ray gives its raylet a fixed 30 s to register: on a machine loaded far past its cores
+            # (several suites at once) it may not, and every test of this worker would error. Once more.
+            ray.shutdown()
+            if attempt or "timed out during startup" not in str(e):
+                raise
     yield ray
     ray.shutdown()
 
