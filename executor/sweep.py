@@ -21,6 +21,7 @@ import posixpath
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from executor.gc import TEMP_GRACE, Item, Report, human, mtime_of, status_key
@@ -53,21 +54,26 @@ class _Lost(Exception):
     """The lease was taken over while deleting: stop in this folder."""
 
 
-def sweep(store: Store, report: Report, ttl: float = 60.0) -> Outcome:
-    """Delete every item of `report`; what changed since it was listed is skipped and said."""
+def sweep(store: Store, report: Report, ttl: float = 60.0, workers: int = 16) -> Outcome:
+    """Delete every item of `report`; what changed since it was listed is skipped and said.
+    Output folders are independent (each under its own lease): `workers` are swept at once, since
+    on an object store each costs a few round trips (lease, status, list, delete, lease)."""
     leases = Leases(store, ttl=ttl, owner=Owner(*_me()))
     outcome = Outcome()
     by_output: dict[str, list[Item]] = {}
     for item in report.items:
         by_output.setdefault(item.output, []).append(item)
-    for output, items in sorted(by_output.items()):
-        if not output:
-            _stray(store, items, outcome)
-            continue
+    _stray(store, by_output.pop("", []), outcome)
+
+    def one(output: str) -> None:
         try:
-            _sweep_output(store, leases, report, output, items, outcome)
+            _sweep_output(store, leases, report, output, by_output[output], outcome)
         except _Lost:
             outcome.skipped.append(f"{store.url(output)}: its lease was taken over while deleting; stopped there")
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for _ in pool.map(one, sorted(by_output)):  # list.append is atomic: outcome needs no lock
+            pass
     return outcome
 
 
