@@ -292,9 +292,9 @@ def _gc(opts: Options) -> int:
 
 
 def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[str]]]:
-    """`A.py [A's overrides] B.py [B's overrides] ...`: an argument that names an existing `.py`
-    file starts the next voyage, unless it is the value of the flag before it (a `--field` that
-    is not a bool field of the voyage being read and has no `=value`)."""
+    """`A.py [A's overrides] B.py [B's overrides] ...`: an argument ending in `.py` starts the
+    next voyage, unless it is the value of the flag before it (a `--field` that is not a bool
+    field of the voyage being read and has no `=value`)."""
     from executor import voyage as voyage_mod
 
     vf = voyage_mod.load(first)
@@ -303,7 +303,7 @@ def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[s
     prev = ""
     for arg in args:
         is_value = prev.startswith("--") and "=" not in prev and prev not in flags
-        if arg.endswith(".py") and not arg.startswith("-") and not is_value and os.path.isfile(arg):
+        if arg.endswith(".py") and not arg.startswith("-") and not is_value:  # a missing file: one line
             vf = voyage_mod.load(arg)
             groups.append((vf, []))
             flags, prev = _bool_flags(vf.config_class), ""

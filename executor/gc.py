@@ -1,7 +1,7 @@
 """Garbage collection by reachability: what under a prefix no named voyage's plan reaches.
 
 `marin-run A.py [B.py ...] --gc` lists it and `--yes` deletes it (`executor.sweep` does the
-deleting; docs/concepts.md, "Garbage collection"). One listing of the prefix (one paginated
+deleting; docs/gc.md). One listing of the prefix (one paginated
 request stream on GCS, a walk that never follows a symlink on disk) gives every file with its
 size; the output folders are the folders named `{name}-{digest[:10]}` that hold a `.status`, a
 `.lease` or `.attempts/`. Then, per output folder:
@@ -178,6 +178,10 @@ class Report:
                      f"{sum(i.files for i in self.items):,} files, {human(self.bytes)} ({self.bytes:,} bytes)")
         kept = "; ".join(f"{why}: {n:,}, {human(size)}" for why, (n, size) in self.kept.items() if n)
         lines.append(f"kept: {kept or 'nothing'}")
+        unknown = by_kind.get(UNKNOWN, 0)
+        if unknown:
+            lines.append(f"note: {unknown:,} output folder{'s' if unknown > 1 else ''} of steps no named voyage has: "
+                         "name every voyage that uses this prefix, or pin what to keep")
         lines.extend(f"refused: {why}" for why in self.refused)
         lines.append(f"listed {self.listed_files:,} files ({human(self.listed_bytes)}) under {self.prefix} "
                      f"in {self.seconds:.2f} s")

@@ -214,6 +214,18 @@ def test_pinned_outputs_and_what_they_were_made_from_stay(tmp_path, capsys, voya
     assert code == 0, err
     assert len(folders(prefix, "gc/train")) == 2 and len(folders(prefix, "gc/src")) == 3  # d's src: read by train
 
+    # A pinned output whose record cannot be read: what it was made from is unknown, so nothing goes.
+    record = os.path.join(prefix, use_a, status_of(prefix, use_a)["dir"], ".step.json")
+    saved = open(record).read()
+    with open(record, "w") as f:
+        f.write("{not json")
+    before = files(prefix)
+    code, out, err = gc(capsys, voyage_file, prefix, "--text", "b", "--yes")
+    assert code == 2 and f"pinned output {os.path.join(prefix, use_a)} has no readable record" in err
+    assert files(prefix) == before
+    with open(record, "w") as f:
+        f.write(saved)
+
     # A pin that names nothing is one line, exit 2, and nothing is deleted.
     with open(os.path.join(prefix, "pins.txt"), "a") as f:
         f.write("gc/nosuch\n")
@@ -336,6 +348,9 @@ def test_several_voyages_each_with_its_own_overrides(tmp_path, capsys, voyage_fi
     assert code == 0, err
     assert [line.split()[:5] for line in out.splitlines() if line.startswith("other/")] == \
         [["other/note", "not", "in", "these", "voyages"]]
+    assert "note: 2 output folders of steps no named voyage has: name every voyage" in out
+    code, _, err = gc(capsys, voyage_file, prefix, "--text", "b", tmp_path / "nosuch.py")
+    assert code == 2 and "nosuch.py' not found" in err
     code, out, err = gc(capsys, voyage_file, prefix, "--text", "b", "--loud", other, "--text", "m", "--yes")
     assert code == 0, err
     assert "2 voyages, 4 steps reached" in out and "deleted 1 items" in out
