@@ -107,10 +107,8 @@ class Output:
 
     @property
     def step(self) -> str:
-        m = _OUTPUT.match(self.dirname.rpartition("/")[2])
-        head = self.dirname.rpartition("/")[0]
-        leaf = m.group("name") if m else self.dirname.rpartition("/")[2]
-        return f"{head}/{leaf}" if head else leaf
+        """The step name: the folder without its `-{digest[:10]}`."""
+        return step_of(self.dirname)
 
     @property
     def bytes(self) -> int:
@@ -130,7 +128,13 @@ class Output:
         return status_key(self.status)
 
 
+def step_of(dirname: str) -> str:
+    """`tokenized/kjv-0123456789` -> `tokenized/kjv`."""
+    return dirname[:-11] if _OUTPUT.match(dirname.rpartition("/")[2]) else dirname
+
+
 def status_key(status: Status | None) -> tuple | None:
+    """What an output's `.status` says is served and newest: what deleting in it was decided on."""
     if status is None:
         return None
     served = status.served()
@@ -273,21 +277,26 @@ def find_outputs(files: dict[str, Entry], known: Iterable[str] = ()) -> tuple[di
     candidates = set(known)
     for rel in files:
         parts = rel.split("/")
-        for i, seg in enumerate(parts[1:], start=1):
-            if (seg == ATTEMPTS or (i == len(parts) - 1 and seg in (STATUS, LEASE))) and \
-                    _OUTPUT.match(parts[i - 1]):
+        last = len(parts) - 1
+        for i in range(1, last + 1):
+            seg = parts[i]
+            if (seg == ATTEMPTS or (i == last and seg in (STATUS, LEASE))) and _OUTPUT.match(parts[i - 1]):
                 candidates.add("/".join(parts[:i]))
+                break  # the outermost: what lies deeper belongs to it
     outputs: dict[str, Output] = {}
     outside: dict[str, Entry] = {}
     for rel, entry in files.items():
-        parts = rel.split("/")
-        for i in range(1, len(parts)):
-            head = "/".join(parts[:i])
-            if head in candidates:
-                outputs.setdefault(head, Output(head)).files["/".join(parts[i:])] = entry
-                break
-        else:
+        cut = rel.find("/")
+        while cut != -1 and rel[:cut] not in candidates:
+            cut = rel.find("/", cut + 1)
+        if cut == -1:
             outside[rel] = entry
+        else:
+            head = rel[:cut]
+            found = outputs.get(head)
+            if found is None:
+                found = outputs[head] = Output(head)
+            found.files[rel[cut + 1:]] = entry
     return outputs, outside
 
 
@@ -352,7 +361,7 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
         out.corrupt = out.status is None and STATUS in out.files
     _read_leases(store, outputs, ttl, now)
 
-    reached_steps = {Output(d).step for d in reached}
+    reached_steps = {step_of(d) for d in reached}
     pinned = _closure(store, outputs, _resolve_pins(list(pins), outputs), "pinned", strict=True)
     busy = _closure(store, outputs, {d: "live lease" for d, o in outputs.items() if o.lease is not None and
                                      o.lease.live(now)}, "in use", strict=False)
