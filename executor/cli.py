@@ -156,10 +156,11 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     if ns.yes and not ns.gc:
         raise VoyageError("--yes only confirms --gc's deletions; without --gc it means nothing")
     if ns.gc:
-        others = [flag for flag, on in (("--dry-run", ns.dry_run and ns.yes), ("--viz", ns.viz), ("--explain", ns.explain),
-                                        ("--which-saw", ns.which_saw), ("--lineage", ns.lineage),
-                                        ("--consumers", ns.consumers), ("--rerun", ns.rerun),
-                                        ("--downstream", ns.downstream), ("--only", ns.only)) if on]
+        others = [flag for flag, on in (("--dry-run", ns.dry_run and ns.yes), ("--viz", ns.viz),
+                                        ("--explain", ns.explain), ("--which-saw", ns.which_saw),
+                                        ("--lineage", ns.lineage), ("--consumers", ns.consumers),
+                                        ("--rerun", ns.rerun), ("--downstream", ns.downstream),
+                                        ("--only", ns.only)) if on]
         if others:
             raise VoyageError(f"--gc does not combine with {', '.join(others)}: it only lists (and with --yes "
                               "deletes) what no named voyage reaches")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import posixpath
 import re
 import time
 from collections import defaultdict
@@ -101,8 +100,7 @@ class Output:
 
     dirname: str
     files: dict[str, Entry] = field(default_factory=dict)
-    status: Status | None = None
-    corrupt: bool = False  # a `.status` is there but cannot be believed
+    status: Status | None = None  # None: no `.status`, or one that cannot be believed
     lease: LeaseInfo | None = None
 
     @property
@@ -154,7 +152,6 @@ class Report:
     listed_files: int
     listed_bytes: int
     seconds: float
-    resumable: dict[str, bool] = field(default_factory=dict)  # reached dirname -> resumable
 
     @property
     def bytes(self) -> int:
@@ -356,9 +353,7 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
     names = sorted(outputs)
     statuses = store.read_statuses(names)
     for d in names:
-        out = outputs[d]
-        out.status = statuses[d]
-        out.corrupt = out.status is None and STATUS in out.files
+        outputs[d].status = statuses[d]
     _read_leases(store, outputs, ttl, now)
 
     reached_steps = {step_of(d) for d in reached}
@@ -382,7 +377,7 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
             refused.extend(f"{link}: a symlink that leaves the prefix; {d} left alone" for link in escaping)
             continue
         if d in reached:
-            found = _within(out, reached[d], now)
+            found = _within(out, reached[d])
             items.extend(found)
             kept["reached outputs"][0] += 1
             kept["reached outputs"][1] += out.bytes - sum(i.bytes for i in found)
@@ -399,10 +394,10 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
         kept["not outputs (pages, pins)"][0] += 1
         kept["not outputs (pages, pins)"][1] += entry.size
     return Report(store.prefix, items, outputs, dict(kept), refused, len(files),
-                  sum(e.size for e in files.values()), time.perf_counter() - started, dict(reached))
+                  sum(e.size for e in files.values()), time.perf_counter() - started)
 
 
-def _within(out: Output, resumable: bool, now: float) -> list[Item]:
+def _within(out: Output, resumable: bool) -> list[Item]:
     """What goes inside a reached output folder (see the module docstring)."""
     status = out.status
     if status is None:
@@ -515,10 +510,6 @@ def reached_of(dags: Iterable) -> dict[str, bool]:
         for node in dag:
             out[node.dirname] = node.step.type.resumable
     return out
-
-
-def relpath(store: Store, path: str) -> str:
-    return posixpath.relpath(path, store.root)
 
 
 def voyage_pins(vf, config: object) -> list[Pin]:

@@ -7,7 +7,6 @@ a real step paused on a file inside a thread, holding its real lease.
 
 import json
 import os
-import textwrap
 import threading
 import time
 
