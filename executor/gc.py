@@ -397,6 +397,16 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
                   sum(e.size for e in files.values()), time.perf_counter() - started)
 
 
+def busy_now(store: Store, report: Report, ttl: float = 60.0) -> dict[str, str]:
+    """The output folders in use now (a live lease, or read by an output that has one), read
+    again just before deleting: runs that started since the listing keep their inputs."""
+    now = time.time()
+    outputs = {d: Output(d, out.files, out.status) for d, out in report.outputs.items()}
+    _read_leases(store, outputs, ttl, now)
+    live = {d: "live lease" for d, o in outputs.items() if o.lease is not None and o.lease.live(now)}
+    return _closure(store, outputs, live, "in use", strict=False)
+
+
 def _within(out: Output, resumable: bool) -> list[Item]:
     """What goes inside a reached output folder (see the module docstring)."""
     status = out.status

@@ -1,8 +1,9 @@
 """Deleting what `executor.gc` listed (`marin-run ... --gc --yes`), one output folder at a time,
 each under its own lease.
 
-The listing is a snapshot; runs may start meanwhile. So before deleting anything in an output
-folder the sweeper takes that folder's lease like any executor (an output whose lease another
+The listing is a snapshot; runs may start meanwhile. So the sweeper first reads every lease again
+(one batch) and leaves out what a run started since then holds or reads; and before deleting
+anything in an output folder it takes that folder's lease like any executor (an output whose lease another
 executor holds is skipped as busy: no run starts there while it deletes, and none is running),
 reads `.status` again and goes on only if it names the same attempts as when listed. It renews
 the lease between deletions and stops at once if the lease was lost. A whole folder goes in this
@@ -24,7 +25,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from executor.gc import TEMP_GRACE, Item, Report, human, mtime_of, status_key
+from executor.gc import TEMP_GRACE, Item, Report, busy_now, human, mtime_of, status_key
 from executor.lease import LeaseInfo, Leases, Owner
 from executor.reach import error as store_error
 from executor.store import LEASE, STATUS, Store
@@ -64,6 +65,9 @@ def sweep(store: Store, report: Report, ttl: float = 60.0, workers: int = 16) ->
     for item in report.items:
         by_output.setdefault(item.output, []).append(item)
     _stray(store, by_output.pop("", []), outcome)
+    for output in sorted(set(by_output) & set(busy_now(store, report, ttl))):
+        del by_output[output]  # a run started since the listing holds it, or reads it
+        outcome.skipped.append(f"{store.url(output)}: in use since it was listed")
 
     def one(output: str) -> None:
         try:

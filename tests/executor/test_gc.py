@@ -447,3 +447,32 @@ def test_on_gcs(gcs_emulator, tmp_path, capsys, voyage_file):
 
 def status_of_gcs(store, dirname):
     return json.loads(store.fs.cat_file(store.path(dirname, ".status")))
+
+
+def test_what_changed_after_the_listing_is_skipped_by_the_sweep(tmp_path, voyage_file):
+    from executor import gc as collector
+    from executor.dag import build_dag
+    from executor.sweep import sweep
+
+    prefix = str(tmp_path / "p")
+    run(voyage_file, prefix, text="a")
+    run(voyage_file, prefix, text="b")
+    run(voyage_file, prefix, Selection(rerun=("gc/src",)), text="b")
+    a, b = dirnames(voyage_file, text="a"), dirnames(voyage_file, text="b")
+    store = Store(prefix)
+    vf = load(voyage_file)
+    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
+    assert {(i.output, i.kind) for i in report.items} == {(a["gc/src"], "old version"), (a["gc/use"], "old version"),
+                                                          (a["gc/train"], "old version"),
+                                                          (b["gc/src"], "abandoned attempt")}
+    # After the listing: another executor starts on the old gc/use, and gc/src is rerun again.
+    Leases(store, ttl=60, owner=Owner("elsewhere", 1, "run-elsewhere")).try_acquire(a["gc/use"])
+    run(voyage_file, prefix, Selection(rerun=("gc/src",)), text="b")
+    before = files(prefix)
+    outcome = sweep(store, report)
+    # The old gc/use, in use now, keeps the gc/src it reads.
+    assert sorted(s.split(": ")[1] for s in outcome.skipped) == \
+        ["in use since it was listed", "in use since it was listed", "its .status changed since it was listed"]
+    assert {i.output for i in outcome.deleted} == {a["gc/train"]}
+    for kept in (a["gc/use"], a["gc/src"], b["gc/src"]):
+        assert {p for p in before if p.startswith(kept + "/")} <= set(files(prefix))
