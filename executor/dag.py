@@ -137,8 +137,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
             duplicates.append(s)
         _check_type_name(types, s)
         try:
-            check_depth(s.config)
-            found = refs_of[id(s)] = input_refs(s.config)
+            found = refs_of[id(s)] = _deep_guard(s, input_refs)
         except IdentityError as e:
             raise IdentityError(f"step {s.name!r} ({s.origin}): {e}") from None
         for ref in found:
@@ -161,7 +160,8 @@ def build_dag(steps: Iterable[Step]) -> Dag:
     order = _toposort(list(nodes.values()))
     for node in order:
         try:
-            node.digest = step_digest(node.step.type, node.step.config, lambda ref: nodes[ref.step_name].digest)
+            node.digest = _deep_guard(node.step, lambda c: step_digest(node.step.type, c,
+                                                                       lambda ref: nodes[ref.step_name].digest))
         except IdentityError as e:
             raise IdentityError(f"step {node.name!r} ({node.step.origin}): {e}") from None
     for other in duplicates:
@@ -172,6 +172,17 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                 f"two different steps are named {other.name!r}: {kept.step.origin} and {other.origin} "
                 f"(digests {kept.digest[:10]} and {digest[:10]})")
     return Dag(order)
+
+
+def _deep_guard(step: Step, fn: Any) -> Any:
+    """`fn(step.config)`; a config that holds itself or nests too deep for Python's recursion is
+    an IdentityError naming the field path (found only then: nothing is paid on good configs)."""
+    try:
+        return fn(step.config)
+    except RecursionError:
+        pass
+    check_depth(step.config)
+    raise IdentityError("config: nests too deeply to be hashed (over Python's recursion limit)")
 
 
 def _check_type_name(types: dict[str, Step], step: Step) -> None:
