@@ -162,10 +162,11 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     if ns.yes and not ns.gc:
         raise VoyageError("--yes only confirms --gc's deletions; without --gc it means nothing")
     if ns.gc:
-        others = [flag for flag, on in (("--dry-run", ns.dry_run and ns.yes), ("--viz", ns.viz), ("--explain", ns.explain),
-                                        ("--which-saw", ns.which_saw), ("--lineage", ns.lineage),
-                                        ("--consumers", ns.consumers), ("--rerun", ns.rerun),
-                                        ("--downstream", ns.downstream), ("--only", ns.only)) if on]
+        others = [flag for flag, on in (("--dry-run", ns.dry_run and ns.yes), ("--viz", ns.viz),
+                                        ("--explain", ns.explain), ("--which-saw", ns.which_saw),
+                                        ("--lineage", ns.lineage), ("--consumers", ns.consumers),
+                                        ("--rerun", ns.rerun), ("--downstream", ns.downstream),
+                                        ("--only", ns.only)) if on]
         if others:
             raise VoyageError(f"--gc does not combine with {', '.join(others)}: it only lists (and with --yes "
                               "deletes) what no named voyage reaches")
@@ -298,9 +299,9 @@ def _gc(opts: Options) -> int:
 
 
 def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[str]]]:
-    """`A.py [A's overrides] B.py [B's overrides] ...`: an argument that names an existing `.py`
-    file starts the next voyage, unless it is the value of the flag before it (a `--field` that
-    is not a bool field of the voyage being read and has no `=value`)."""
+    """`A.py [A's overrides] B.py [B's overrides] ...`: an argument ending in `.py` starts the
+    next voyage, unless it is the value of the flag before it (a `--field` that is not a bool
+    field of the voyage being read and has no `=value`)."""
     from executor import voyage as voyage_mod
 
     vf = voyage_mod.load(first)
@@ -309,7 +310,7 @@ def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[s
     prev = ""
     for arg in args:
         is_value = prev.startswith("--") and "=" not in prev and prev not in flags
-        if arg.endswith(".py") and not arg.startswith("-") and not is_value and os.path.isfile(arg):
+        if arg.endswith(".py") and not arg.startswith("-") and not is_value:  # a missing file: one line
             vf = voyage_mod.load(arg)
             groups.append((vf, []))
             flags, prev = _bool_flags(vf.config_class), ""

@@ -1,7 +1,7 @@
 """Garbage collection by reachability: what under a prefix no named voyage's plan reaches.
 
 `marin-run A.py [B.py ...] --gc` lists it and `--yes` deletes it (`executor.sweep` does the
-deleting; docs/concepts.md, "Garbage collection"). One listing of the prefix (one paginated
+deleting; docs/gc.md). One listing of the prefix (one paginated
 request stream on GCS, a walk that never follows a symlink on disk) gives every file with its
 size; the output folders are the folders named `{name}-{digest[:10]}` that hold a `.status`, a
 `.lease` or `.attempts/`. Then, per output folder:
@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import posixpath
 import re
 import time
 from collections import defaultdict
@@ -101,16 +100,13 @@ class Output:
 
     dirname: str
     files: dict[str, Entry] = field(default_factory=dict)
-    status: Status | None = None
-    corrupt: bool = False  # a `.status` is there but cannot be believed
+    status: Status | None = None  # None: no `.status`, or one that cannot be believed
     lease: LeaseInfo | None = None
 
     @property
     def step(self) -> str:
-        m = _OUTPUT.match(self.dirname.rpartition("/")[2])
-        head = self.dirname.rpartition("/")[0]
-        leaf = m.group("name") if m else self.dirname.rpartition("/")[2]
-        return f"{head}/{leaf}" if head else leaf
+        """The step name: the folder without its `-{digest[:10]}`."""
+        return step_of(self.dirname)
 
     @property
     def bytes(self) -> int:
@@ -130,7 +126,13 @@ class Output:
         return status_key(self.status)
 
 
+def step_of(dirname: str) -> str:
+    """`tokenized/kjv-0123456789` -> `tokenized/kjv`."""
+    return dirname[:-11] if _OUTPUT.match(dirname.rpartition("/")[2]) else dirname
+
+
 def status_key(status: Status | None) -> tuple | None:
+    """What an output's `.status` says is served and newest: what deleting in it was decided on."""
     if status is None:
         return None
     served = status.served()
@@ -150,7 +152,6 @@ class Report:
     listed_files: int
     listed_bytes: int
     seconds: float
-    resumable: dict[str, bool] = field(default_factory=dict)  # reached dirname -> resumable
 
     @property
     def bytes(self) -> int:
@@ -178,6 +179,10 @@ class Report:
                      f"{sum(i.files for i in self.items):,} files, {human(self.bytes)} ({self.bytes:,} bytes)")
         kept = "; ".join(f"{why}: {n:,}, {human(size)}" for why, (n, size) in self.kept.items() if n)
         lines.append(f"kept: {kept or 'nothing'}")
+        unknown = by_kind.get(UNKNOWN, 0)
+        if unknown:
+            lines.append(f"note: {unknown:,} output folder{'s' if unknown > 1 else ''} of steps no named voyage has: "
+                         "name every voyage that uses this prefix, or pin what to keep")
         lines.extend(f"refused: {why}" for why in self.refused)
         lines.append(f"listed {self.listed_files:,} files ({human(self.listed_bytes)}) under {self.prefix} "
                      f"in {self.seconds:.2f} s")
@@ -269,21 +274,26 @@ def find_outputs(files: dict[str, Entry], known: Iterable[str] = ()) -> tuple[di
     candidates = set(known)
     for rel in files:
         parts = rel.split("/")
-        for i, seg in enumerate(parts[1:], start=1):
-            if (seg == ATTEMPTS or (i == len(parts) - 1 and seg in (STATUS, LEASE))) and \
-                    _OUTPUT.match(parts[i - 1]):
+        last = len(parts) - 1
+        for i in range(1, last + 1):
+            seg = parts[i]
+            if (seg == ATTEMPTS or (i == last and seg in (STATUS, LEASE))) and _OUTPUT.match(parts[i - 1]):
                 candidates.add("/".join(parts[:i]))
+                break  # the outermost: what lies deeper belongs to it
     outputs: dict[str, Output] = {}
     outside: dict[str, Entry] = {}
     for rel, entry in files.items():
-        parts = rel.split("/")
-        for i in range(1, len(parts)):
-            head = "/".join(parts[:i])
-            if head in candidates:
-                outputs.setdefault(head, Output(head)).files["/".join(parts[i:])] = entry
-                break
-        else:
+        cut = rel.find("/")
+        while cut != -1 and rel[:cut] not in candidates:
+            cut = rel.find("/", cut + 1)
+        if cut == -1:
             outside[rel] = entry
+        else:
+            head = rel[:cut]
+            found = outputs.get(head)
+            if found is None:
+                found = outputs[head] = Output(head)
+            found.files[rel[cut + 1:]] = entry
     return outputs, outside
 
 
@@ -343,12 +353,10 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
     names = sorted(outputs)
     statuses = store.read_statuses(names)
     for d in names:
-        out = outputs[d]
-        out.status = statuses[d]
-        out.corrupt = out.status is None and STATUS in out.files
+        outputs[d].status = statuses[d]
     _read_leases(store, outputs, ttl, now)
 
-    reached_steps = {Output(d).step for d in reached}
+    reached_steps = {step_of(d) for d in reached}
     pinned = _closure(store, outputs, _resolve_pins(list(pins), outputs), "pinned", strict=True)
     busy = _closure(store, outputs, {d: "live lease" for d, o in outputs.items() if o.lease is not None and
                                      o.lease.live(now)}, "in use", strict=False)
@@ -369,7 +377,7 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
             refused.extend(f"{link}: a symlink that leaves the prefix; {d} left alone" for link in escaping)
             continue
         if d in reached:
-            found = _within(out, reached[d], now)
+            found = _within(out, reached[d])
             items.extend(found)
             kept["reached outputs"][0] += 1
             kept["reached outputs"][1] += out.bytes - sum(i.bytes for i in found)
@@ -386,10 +394,20 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
         kept["not outputs (pages, pins)"][0] += 1
         kept["not outputs (pages, pins)"][1] += entry.size
     return Report(store.prefix, items, outputs, dict(kept), refused, len(files),
-                  sum(e.size for e in files.values()), time.perf_counter() - started, dict(reached))
+                  sum(e.size for e in files.values()), time.perf_counter() - started)
 
 
-def _within(out: Output, resumable: bool, now: float) -> list[Item]:
+def busy_now(store: Store, report: Report, ttl: float = 60.0) -> dict[str, str]:
+    """The output folders in use now (a live lease, or read by an output that has one), read
+    again just before deleting: runs that started since the listing keep their inputs."""
+    now = time.time()
+    outputs = {d: Output(d, out.files, out.status) for d, out in report.outputs.items()}
+    _read_leases(store, outputs, ttl, now)
+    live = {d: "live lease" for d, o in outputs.items() if o.lease is not None and o.lease.live(now)}
+    return _closure(store, outputs, live, "in use", strict=False)
+
+
+def _within(out: Output, resumable: bool) -> list[Item]:
     """What goes inside a reached output folder (see the module docstring)."""
     status = out.status
     if status is None:
@@ -502,10 +520,6 @@ def reached_of(dags: Iterable) -> dict[str, bool]:
         for node in dag:
             out[node.dirname] = node.step.type.resumable
     return out
-
-
-def relpath(store: Store, path: str) -> str:
-    return posixpath.relpath(path, store.root)
 
 
 def voyage_pins(vf, config: object) -> list[Pin]:

@@ -1,8 +1,9 @@
 """Deleting what `executor.gc` listed (`marin-run ... --gc --yes`), one output folder at a time,
 each under its own lease.
 
-The listing is a snapshot; runs may start meanwhile. So before deleting anything in an output
-folder the sweeper takes that folder's lease like any executor (an output whose lease another
+The listing is a snapshot; runs may start meanwhile. So the sweeper first reads every lease again
+(one batch) and leaves out what a run started since then holds or reads; and before deleting
+anything in an output folder it takes that folder's lease like any executor (an output whose lease another
 executor holds is skipped as busy: no run starts there while it deletes, and none is running),
 reads `.status` again and goes on only if it names the same attempts as when listed. It renews
 the lease between deletions and stops at once if the lease was lost. A whole folder goes in this
@@ -21,9 +22,10 @@ import posixpath
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from executor.gc import TEMP_GRACE, Item, Report, human, mtime_of, status_key
+from executor.gc import TEMP_GRACE, Item, Report, busy_now, human, mtime_of, status_key
 from executor.lease import LeaseInfo, Leases, Owner
 from executor.reach import error as store_error
 from executor.store import LEASE, STATUS, Store
@@ -53,21 +55,29 @@ class _Lost(Exception):
     """The lease was taken over while deleting: stop in this folder."""
 
 
-def sweep(store: Store, report: Report, ttl: float = 60.0) -> Outcome:
-    """Delete every item of `report`; what changed since it was listed is skipped and said."""
+def sweep(store: Store, report: Report, ttl: float = 60.0, workers: int = 16) -> Outcome:
+    """Delete every item of `report`; what changed since it was listed is skipped and said.
+    Output folders are independent (each under its own lease): `workers` are swept at once, since
+    on an object store each costs a few round trips (lease, status, list, delete, lease)."""
     leases = Leases(store, ttl=ttl, owner=Owner(*_me()))
     outcome = Outcome()
     by_output: dict[str, list[Item]] = {}
     for item in report.items:
         by_output.setdefault(item.output, []).append(item)
-    for output, items in sorted(by_output.items()):
-        if not output:
-            _stray(store, items, outcome)
-            continue
+    _stray(store, by_output.pop("", []), outcome)
+    for output in sorted(set(by_output) & set(busy_now(store, report, ttl))):
+        del by_output[output]  # a run started since the listing holds it, or reads it
+        outcome.skipped.append(f"{store.url(output)}: in use since it was listed")
+
+    def one(output: str) -> None:
         try:
-            _sweep_output(store, leases, report, output, items, outcome)
+            _sweep_output(store, leases, report, output, by_output[output], outcome)
         except _Lost:
             outcome.skipped.append(f"{store.url(output)}: its lease was taken over while deleting; stopped there")
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for _ in pool.map(one, sorted(by_output)):  # list.append is atomic: outcome needs no lock
+            pass
     return outcome
 
 

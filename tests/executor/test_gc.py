@@ -7,7 +7,6 @@ a real step paused on a file inside a thread, holding its real lease.
 
 import json
 import os
-import textwrap
 import threading
 import time
 
@@ -214,6 +213,18 @@ def test_pinned_outputs_and_what_they_were_made_from_stay(tmp_path, capsys, voya
     assert code == 0, err
     assert len(folders(prefix, "gc/train")) == 2 and len(folders(prefix, "gc/src")) == 3  # d's src: read by train
 
+    # A pinned output whose record cannot be read: what it was made from is unknown, so nothing goes.
+    record = os.path.join(prefix, use_a, status_of(prefix, use_a)["dir"], ".step.json")
+    saved = open(record).read()
+    with open(record, "w") as f:
+        f.write("{not json")
+    before = files(prefix)
+    code, out, err = gc(capsys, voyage_file, prefix, "--text", "b", "--yes")
+    assert code == 2 and f"pinned output {os.path.join(prefix, use_a)} has no readable record" in err
+    assert files(prefix) == before
+    with open(record, "w") as f:
+        f.write(saved)
+
     # A pin that names nothing is one line, exit 2, and nothing is deleted.
     with open(os.path.join(prefix, "pins.txt"), "a") as f:
         f.write("gc/nosuch\n")
@@ -336,6 +347,9 @@ def test_several_voyages_each_with_its_own_overrides(tmp_path, capsys, voyage_fi
     assert code == 0, err
     assert [line.split()[:5] for line in out.splitlines() if line.startswith("other/")] == \
         [["other/note", "not", "in", "these", "voyages"]]
+    assert "note: 2 output folders of steps no named voyage has: name every voyage" in out
+    code, _, err = gc(capsys, voyage_file, prefix, "--text", "b", tmp_path / "nosuch.py")
+    assert code == 2 and "nosuch.py' not found" in err
     code, out, err = gc(capsys, voyage_file, prefix, "--text", "b", "--loud", other, "--text", "m", "--yes")
     assert code == 0, err
     assert "2 voyages, 4 steps reached" in out and "deleted 1 items" in out
@@ -433,3 +447,32 @@ def test_on_gcs(gcs_emulator, tmp_path, capsys, voyage_file):
 
 def status_of_gcs(store, dirname):
     return json.loads(store.fs.cat_file(store.path(dirname, ".status")))
+
+
+def test_what_changed_after_the_listing_is_skipped_by_the_sweep(tmp_path, voyage_file):
+    from executor import gc as collector
+    from executor.dag import build_dag
+    from executor.sweep import sweep
+
+    prefix = str(tmp_path / "p")
+    run(voyage_file, prefix, text="a")
+    run(voyage_file, prefix, text="b")
+    run(voyage_file, prefix, Selection(rerun=("gc/src",)), text="b")
+    a, b = dirnames(voyage_file, text="a"), dirnames(voyage_file, text="b")
+    store = Store(prefix)
+    vf = load(voyage_file)
+    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
+    assert {(i.output, i.kind) for i in report.items} == {(a["gc/src"], "old version"), (a["gc/use"], "old version"),
+                                                          (a["gc/train"], "old version"),
+                                                          (b["gc/src"], "abandoned attempt")}
+    # After the listing: another executor starts on the old gc/use, and gc/src is rerun again.
+    Leases(store, ttl=60, owner=Owner("elsewhere", 1, "run-elsewhere")).try_acquire(a["gc/use"])
+    run(voyage_file, prefix, Selection(rerun=("gc/src",)), text="b")
+    before = files(prefix)
+    outcome = sweep(store, report)
+    # The old gc/use, in use now, keeps the gc/src it reads.
+    assert sorted(s.split(": ")[1] for s in outcome.skipped) == \
+        ["in use since it was listed", "in use since it was listed", "its .status changed since it was listed"]
+    assert {i.output for i in outcome.deleted} == {a["gc/train"]}
+    for kept in (a["gc/use"], a["gc/src"], b["gc/src"]):
+        assert {p for p in before if p.startswith(kept + "/")} <= set(files(prefix))
