@@ -10,6 +10,8 @@ import warnings
 
 import pytest
 
+from executor.store import Store
+
 HUB_FILES = {"README.md", "config.json", "configuration_marin_moe.py", "modeling_marin_moe.py",
              "generation_config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors",
              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
@@ -98,8 +100,8 @@ def test_transformers_loads_it_with_no_warning(hub, hf_modules):
 
 def test_the_card_links_the_export(hub):
     lv, _folder, _ = hub
-    card = json.load(open(os.path.join(lv.prefix, lv.plan.dag["card/laptop"].dirname, "card.json")))
-    record = json.load(open(os.path.join(lv.prefix, lv.plan.dag["export/laptop"].dirname, ".step.json")))
+    card = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["card/laptop"].dirname), "card.json")))
+    record = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag["export/laptop"].dirname), ".step.json")))
     assert card["export"] == {"step": "export/laptop", "output_digest": record["output_digest"], "folder": "hf"}
 
 

@@ -45,10 +45,13 @@ def test_card_names_both_sources_with_licences_and_exact_tokens(card):
     assert re.search(rf"\| kjv \| public domain \| {counts['pretrain']['kjv']:,} \| {counts['midtrain']['kjv']:,} "
                      rf"\| {kjv:,} \|", md), md
     assert "| pydocs | PSF-2.0 |" in md and f"{pydocs:,}" in md and "| **all** |" in md
-    # the trainer's count (819,200 predicted tokens) beside the card's 832,000 read, and why
-    assert data["data"]["trained_targets"] == 12_800 * 64 == 819_200
-    assert "The trainer's checkpoints count 819,200 tokens: the predicted ones, 64 of each sequence of 65" in md
-    assert data["training"]["schedule"] == {"warmup": 30, "decay_start": 320, "total": 400, "floor": 0.1}
+    # the trainer's count (predicted tokens: 819,200 in the README's 400 steps) beside the card's
+    # count of tokens read (832,000 there), and why
+    targets = lv.steps * B * 64
+    assert data["data"]["trained_targets"] == targets
+    assert f"The trainer's checkpoints count {targets:,} tokens: the predicted ones, 64 of each sequence of 65" in md
+    assert data["training"]["schedule"] == {"warmup": min(30, lv.steps // 10), "decay_start": lv.pretrain_steps,
+                                            "total": lv.steps, "floor": 0.1}
     assert data["training"]["optimizer"]["lr"] == 0.01 and data["language"] == ["en"]
 
 

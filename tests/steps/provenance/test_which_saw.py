@@ -331,36 +331,42 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
 
 
 def test_midtrain_and_the_export_hold_what_pretrain_saw(laptop, capsys):
-    """kjv/Psa33 is read by pretrain only: midtrain, started from pretrain's step-320, and the
-    export of midtrain's step-400 hold it; the CLI says so, and --json lists every step whole."""
+    """A document read by pretrain only (the issue's kjv/Psa33, or the next chapter that is):
+    midtrain, started from pretrain's last checkpoint, and the export of midtrain's last one hold
+    it; the CLI says so, and --json lists every step whole."""
     from executor.cli import main
 
     lv, _sampler, _seen = laptop
-    answer = which_saw(lv.plan, "kjv", "kjv/Psa33")
-    pre, mid = answer.training
-    assert pre.steps and max(pre.steps) < 320 and not mid.steps  # what the issue saw: midtrain never read it
-    assert mid.holds and (mid.made_from.step, mid.made_from.checkpoint) == ("pretrain/laptop", 320)
-    assert mid.checkpoints_now == [400] and mid.first_checkpoint == 400
+    P, S = lv.pretrain_steps, lv.steps  # pretrain's steps 0..P-1, midtrain's P..S-1
+    ids = ids_of(lv.prefix, lv.plan, "raw/kjv")
+    for doc in ids[ids.index("kjv/Psa33"):]:  # the issue's document, or the first after it that fits
+        answer = which_saw(lv.plan, "kjv", doc)
+        pre, mid = answer.training
+        if pre.steps and not mid.steps:
+            break
+    assert pre.steps and max(pre.steps) < P and not mid.steps  # what the issue saw: midtrain never read it
+    assert mid.holds and (mid.made_from.step, mid.made_from.checkpoint) == ("pretrain/laptop", P)
+    assert mid.checkpoints_now == [S] and mid.first_checkpoint == S
     assert [(d.step, d.kind, d.parent.step, d.parent.checkpoint) for d in answer.descendants] == [
-        ("export/laptop", "export_hf", "midtrain/laptop", 400)]
-    assert answer.holders() == [("pretrain/laptop", pre.checkpoints_now), ("midtrain/laptop", [400]),
+        ("export/laptop", "export_hf", "midtrain/laptop", S)]
+    assert answer.holders() == [("pretrain/laptop", pre.checkpoints_now), ("midtrain/laptop", [S]),
                                 ("export/laptop", None)]
-    args = [lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--which-saw", "kjv:kjv/Psa33"]
+    args = [lv.voyage_path, *lv.args, "--prefix", lv.prefix, "--which-saw", f"kjv:{doc}"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "never (" not in out
-    assert ("midtrain/laptop [CACHED]: holds it from its start: initialised from pretrain/laptop step-320, which "
-            "holds it (its own steps 320-399 did not read it)") in out
-    assert "export/laptop [CACHED]: holds it: made from midtrain/laptop step-400" in out
+    assert (f"midtrain/laptop [CACHED]: holds it from its start: initialised from pretrain/laptop step-{P}, which "
+            f"holds it (its own steps {P}-{S - 1} did not read it)") in out
+    assert f"export/laptop [CACHED]: holds it: made from midtrain/laptop step-{S}" in out
     assert main(args + ["--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got == json.loads(json.dumps(answer.to_json()))
-    assert got["training"][1]["phase_steps"] == {"first": 320, "last": 399}
+    assert got["training"][1]["phase_steps"] == {"first": P, "last": S - 1}
     assert [h["step"] for h in got["held_by"]] == ["pretrain/laptop", "midtrain/laptop", "export/laptop"]
     # one convention for step ranges: --lineage prints midtrain's steps as which-saw does
-    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--lineage", "midtrain/laptop"]) == 0
-    assert "consumed 166,400 tokens in steps 320-399:" in capsys.readouterr().out
-    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--json"]) == 2
+    assert main([lv.voyage_path, *lv.args, "--prefix", lv.prefix, "--lineage", "midtrain/laptop"]) == 0
+    assert f"consumed {(S - P) * lv.batch_size * 65:,} tokens in steps {P}-{S - 1}:" in capsys.readouterr().out
+    assert main([lv.voyage_path, *lv.args, "--prefix", lv.prefix, "--json"]) == 2
     assert "--json: only with --which-saw" in capsys.readouterr().err
 
 
@@ -368,16 +374,17 @@ def test_never_only_when_no_ancestor_saw_it(laptop):
     """A document whose windows no sequence draws: every training step says never, nothing holds it."""
     lv, sampler, seen = laptop
     prefix, plan = lv.prefix, lv.plan
-    data = TokenDataset(os.path.join(prefix, plan.dag["tokenized/kjv"].dirname))
+    data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag["tokenized/kjv"].dirname)))
     offsets = data.offsets(0)
     unread = next(d for d in range(len(offsets) - 1)
                   if not expected_sequences(sampler, seen, "kjv", int(offsets[d]), int(offsets[d + 1])))
     answer = which_saw(plan, "kjv", ids_of(prefix, plan, "raw/kjv")[unread])
     assert answer.sequences == [] and not any(t.holds for t in answer.training) and answer.descendants == []
     text = answer.describe()
-    assert "midtrain/laptop [CACHED]: never (none of its steps 320-399 held it, and it was made from no " \
+    P, S = lv.pretrain_steps, lv.steps
+    assert f"midtrain/laptop [CACHED]: never (none of its steps {P}-{S - 1} held it, and it was made from no " \
            "checkpoint that did)" in text
-    assert "pretrain/laptop [CACHED]: never (none of its steps 0-319 held it" in text
+    assert f"pretrain/laptop [CACHED]: never (none of its steps 0-{P - 1} held it" in text
     assert "held by    nothing" in text
 
 
@@ -388,7 +395,7 @@ def test_a_window_that_reads_only_the_end_of_document_token_does_not_count(lapto
     prefix, plan = lv.prefix, lv.plan
     L = sampler.seq_len
     for source in ("kjv", "pydocs"):
-        data = TokenDataset(os.path.join(prefix, plan.dag[f"tokenized/{source}"].dirname))
+        data = TokenDataset(os.path.join(prefix, Store(prefix).served_dir(plan.dag[f"tokenized/{source}"].dirname)))
         offsets = [int(x) for x in data.offsets(0)]
         picks = [d for d in range(len(offsets) - 2) if (offsets[d + 1] - 1) % L == 0
                  and offsets[d + 1] - offsets[d] > 1 and seen.get((source, (offsets[d + 1] - 1) // L))]
