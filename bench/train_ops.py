@@ -105,7 +105,7 @@ def stall(args, work: pathlib.Path) -> None:
 def recover(args, work: pathlib.Path) -> None:
     mix = make_mix(work, 60)
     out = work / "hang"
-    cfg = config(mix, log_every=1, hang_at_step=12, watchdog=WatchdogConfig(timeout_s=2.0, grace_s=30.0))
+    cfg = config(mix, log_every=1, hang_at_step=12, watchdog=WatchdogConfig(timeout_s=2.0, first_step_s=60.0, grace_s=30.0))
     try:
         run("pre", pretrain, cfg, out, attempt=1)
     except Hang:

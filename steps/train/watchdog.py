@@ -15,7 +15,7 @@ than the bound; when it is not, it
 
 The bound: `timeout_s` when set; else `factor` x the larger of `expected_step_s` (the plan's
 step time at full scale, set by the voyage) and the median of this attempt's own step times,
-and never under `min_s`. The first step (start-up, compilation, a checkpoint load) gets
+and never under `min_s`. The first step of an attempt (lazy start-up, compilation) gets at least
 `first_step_s`. Checkpoint saves pause the clock (`paused()`).
 """
 
@@ -80,8 +80,8 @@ class Watchdog:
     def bound(self) -> float:
         """Seconds the next step may take."""
         cfg = self.cfg
-        if self.beats == 0:
-            return cfg.timeout_s or cfg.first_step_s
+        if self.beats == 0:  # start-up work (lazy init, compilation) is not a hang
+            return max(cfg.timeout_s, cfg.first_step_s)
         if cfg.timeout_s:
             return cfg.timeout_s
         typical = max(cfg.expected_step_s, statistics.median(self.times) if self.times else 0.0)

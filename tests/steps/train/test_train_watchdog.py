@@ -23,7 +23,7 @@ def test_a_hung_attempt_is_ended_logged_and_resumed_to_success(ray_local, tokens
     cfg = TrainConfig(data=DataConfig(mixture=mix, batch_size=16), model=ModelSpec("tiny"),
                       optimizer=OptimizerConfig(lr=1e-2, warmup_steps=2),
                       trainer=TrainerConfig(log_every=4, checkpoint_every=4, tracker=TrackerConfig(kind="none"),
-                                            hang_at_step=6, watchdog=WatchdogConfig(timeout_s=4.0, grace_s=10.0)))
+                                            hang_at_step=6, watchdog=WatchdogConfig(timeout_s=4.0, first_step_s=120.0, grace_s=10.0)))
     step = Step("pretrain", pretrain, cfg, retry=RetryPolicy(budgets={"hang": Budget(1, backoff_s=0.1)}))
     plan, summary = run_steps([step], str(tmp_path / "prefix"))
     outcome = summary.outcomes["pretrain"]
