@@ -90,7 +90,7 @@ def gcs_emulator():
 # The session's laptop run: the README's laptop voyage with fewer optimizer steps (the same DAG,
 # batch, sequence length and 80/20 split; `--laptop_steps`). 400 steps take most of a minute of
 # CPU, twice (the end-to-end test reruns pretrain on a copied prefix); 200 still learn well below
-# the unigram baseline, the promise the end-to-end test checks.
+# the unigram baseline, the promise the end-to-end test checks. 0 runs the README's 400 steps.
 LAPTOP_TEST_STEPS = 200
 
 
