@@ -491,9 +491,12 @@ def running_on(prefix: str, name: str) -> str | None:
     from executor.store import Store
 
     for folder in glob.glob(os.path.join(prefix, f"{name}-*")):
-        record = Store(prefix).read_record(os.path.relpath(folder, prefix))
+        store = Store(prefix)
+        dirname = os.path.relpath(folder, prefix)
+        status = store.read_status(dirname)  # the newest attempt writes in its own folder
+        record = store.read_record(dirname, status, latest=True) if status is not None else None
         if record and record.attempts and record.attempts[-1].state == "RUNNING" and \
-                os.path.exists(os.path.join(folder, "part-000.bin")):
+                os.path.exists(os.path.join(prefix, status.data_dir(dirname), "part-000.bin")):
             return record.attempts[-1].node
     return None
 
