@@ -476,3 +476,23 @@ def test_what_changed_after_the_listing_is_skipped_by_the_sweep(tmp_path, voyage
     assert {i.output for i in outcome.deleted} == {a["gc/train"]}
     for kept in (a["gc/use"], a["gc/src"], b["gc/src"]):
         assert {p for p in before if p.startswith(kept + "/")} <= set(files(prefix))
+
+
+def test_a_lease_taken_after_the_last_look_is_skipped_as_busy(tmp_path, voyage_file, monkeypatch):
+    """The window after the sweep's second read of the leases: its own try for each lease decides."""
+    from executor import gc as collector
+    from executor import sweep as sweeper
+    from executor.dag import build_dag
+
+    prefix = str(tmp_path / "p")
+    run(voyage_file, prefix, text="a")
+    a = dirnames(voyage_file, text="a")
+    store = Store(prefix)
+    vf = load(voyage_file)
+    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
+    monkeypatch.setattr(sweeper, "busy_now", lambda *args, **kw: {})  # the lease is taken just after it
+    Leases(store, ttl=60, owner=Owner("elsewhere", 1, "run-elsewhere")).try_acquire(a["gc/train"])
+    outcome = sweeper.sweep(store, report)
+    assert [s.split(": ")[1].split(" (")[0] for s in outcome.skipped] == ["busy now"]
+    assert os.path.exists(os.path.join(prefix, a["gc/train"], ".status"))
+    assert {i.output for i in outcome.deleted} == {a["gc/src"], a["gc/use"]}
