@@ -85,7 +85,7 @@ def find_pairs(job: PairJob) -> dict:
     if len(bucket) > 1:
         (_exact_bucket if exact else _band_bucket)(bucket, job, chain, pairs, examples, counts)
     counts["pairs"] = len(pairs)
-    counts["bytes_read"] = sum(r.bytes_read for r in readers if hasattr(r, "bytes_read"))
+    counts["bytes_read"] = sum(r.bytes_read for r in readers)
     examples.sort()
     return dict(counts, examples=examples[:job.examples], pair_list=pairs)
 

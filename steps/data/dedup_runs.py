@@ -71,6 +71,7 @@ class RunReader:
         self.fs, self.path = url_fs(url + ".bin")
         self.dtype = record_dtype(width)
         self.lo, self.hi, self.chunk = lo, hi, chunk
+        self.bytes_read = 0
         base = section * n
         if n == 0:
             self.start = self.end = base
@@ -80,7 +81,6 @@ class RunReader:
         last = len(fence) if hi is None or hi >= 2**64 else int(np.searchsorted(fence, np.uint64(hi), side="left"))
         self.start = base + first * FENCE
         self.end = base + min(n, last * FENCE)
-        self.bytes_read = 0
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The range's records, a chunk at a time (the first and last trimmed to [lo, hi))."""

@@ -162,7 +162,7 @@ def test_components_match_union_find_on_random_graphs(tmp_path):
 
 # -- memory: a pass-2 task holds its key range, not the corpus ---------------------------------
 
-RUNS, BASE, WIDTH = 4, 4000, 8
+RUNS, BASE, WIDTH = 4, 2000, 8
 
 
 def _synthetic_runs(root, docs):
@@ -194,7 +194,7 @@ def _peak(fn, *args):
 
 
 def test_pass2_memory_is_flat_in_the_corpus_size_and_the_old_pass_is_not(tmp_path):
-    keys_per_task = 1000  # the task budget: records of a section per task
+    keys_per_task = 500  # the task budget: records of a section per task
     new, old = {}, {}
     for scale in (1, 4, 16):
         docs = BASE * scale
