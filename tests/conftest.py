@@ -138,35 +138,3 @@ def laptop_voyage(ray_local, tmp_path_factory):
                                  steps=round((scale.pretrain_tokens + scale.midtrain_tokens) / per_step),
                                  batch_size=scale.batch_size)
 
-
-# -- running the suite on several workers (pytest-xdist) -------------------------------------------
-# The README's command runs the suite on 3 workers with `--dist loadgroup`: most of the suite's time
-# is waiting (Rays, clusters and Ray Train workers starting, subprocesses, leases expiring), which
-# overlaps well even on 2 cores. Session and module fixtures start once per worker that needs
-# them, so every test is grouped with its module (one worker runs a module's fixtures once), and
-# every test of the session's laptop run with the others (it runs once). The longest groups go
-# first: a worker that starts a 2-minute group last would finish alone.
-LONG_FIRST = (  # the slowest groups, slowest first (docs/benchmarks.md, "The test suite")
-    "laptop_voyage",
-    "tests/steps/train/test_train_ray.py",
-    "tests/steps/train/test_train_mesh.py",
-    "tests/executor/test_crash.py",
-    "tests/executor/test_nodes.py",
-    "tests/executor/test_gcs.py",
-)
-
-
-def _group(item) -> str:
-    if "laptop_voyage" in getattr(item, "fixturenames", ()):
-        return "laptop_voyage"
-    return item.nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config, items):
-    if not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    rank = {g: i for i, g in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
