@@ -28,6 +28,8 @@ class Node:
 
     step: Step
     deps: list["Node"] = field(default_factory=list)
+    # the deps whose data the step reads (a reference with `data=False` orders steps only)
+    data_deps: list["Node"] = field(default_factory=list)
     consumers: list["Node"] = field(default_factory=list)
     digest: str = ""
 
@@ -147,13 +149,17 @@ def build_dag(steps: Iterable[Step]) -> Dag:
     nodes: dict[str, Node] = {name: Node(step) for name, step in by_name.items()}
     for node in nodes.values():
         dep_names: list[str] = []
+        data_names: set[str] = set()
         for ref in refs_of[id(node.step)]:
             target = ref.step_name
             if target not in nodes:
                 raise VoyageError(f"step {node.name!r} ({node.step.origin}) refers to unknown step {target!r}")
             if target not in dep_names:
                 dep_names.append(target)
+            if ref.data:
+                data_names.add(target)
         node.deps = [nodes[d] for d in dep_names]
+        node.data_deps = [nodes[d] for d in dep_names if d in data_names]
         for dep in node.deps:
             dep.consumers.append(node)
 

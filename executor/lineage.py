@@ -2,8 +2,9 @@
 licence policies checked against it before anything runs.
 
 A *source* is a step whose config declares a licence (a field typed `License`, executor.licenses).
-Licences flow along every edge: a step is reached by every source upstream of it, itself
-included. That is the conservative reading (a tokenizer trained on a source's documents carries
+Licences flow along every edge that carries data: a step is reached by every source upstream of
+it, itself included (a reference `output_of(x, data=False)`, figures about x such as an eval's
+results in a model card, orders the steps and carries none). That is the conservative reading (a tokenizer trained on a source's documents carries
 its licence into everything tokenized with it), and the only one a plan can check without data.
 
 Everything here is computed from the DAG and the configs, in one pass in topological order, so a
@@ -50,7 +51,7 @@ class Lineage:
         self.mask: dict[str, int] = {}  # step name -> bits of the sources upstream (itself included)
         for node in dag:
             bits = 0
-            for dep in node.deps:
+            for dep in node.data_deps:  # a reference to figures only (`data=False`) carries no licence
                 bits |= self.mask[dep.name]
             try:
                 own = declared_license(node.step.config)
@@ -108,7 +109,7 @@ class Lineage:
             name = queue.popleft()
             if name == source:
                 break
-            for dep in by_name[name].deps:
+            for dep in by_name[name].data_deps:
                 if dep.name not in parent and self.mask[dep.name] & bit:
                     parent[dep.name] = name
                     queue.append(dep.name)

@@ -138,7 +138,7 @@ def resolve(value: Any, url_of: Callable[[str], str], own: str | None) -> Any:
 def detach(value: Any) -> Any:
     """A copy of a config whose `output_of(step)` references name their step by name, so that it
     travels to a worker without the Steps (and their configs) it points to."""
-    return map_refs(value, lambda ref: InputRef(ref.step_name, ref.subpath)
+    return map_refs(value, lambda ref: InputRef(ref.step_name, ref.subpath, ref.data)
                     if isinstance(ref, InputRef) and not isinstance(ref.step, str) else ref)
 
 

@@ -256,9 +256,13 @@ class InputRef:
 
     step: "Step | str"
     subpath: str = ""
+    # False: the step reads figures about the output (an eval's results for a model card), none
+    # of its data, so the output's sources and licences do not flow along this edge
+    # (executor.lineage). The edge still orders the steps and its digest is still in the identity.
+    data: bool = True
 
     def __truediv__(self, more: str) -> "InputRef":
-        return InputRef(self.step, clean_subpath(_join(self.subpath, more)))
+        return InputRef(self.step, clean_subpath(_join(self.subpath, more)), self.data)
 
     @property
     def step_name(self) -> str:
@@ -277,10 +281,12 @@ class OwnOutput:
 InputPath = str | InputRef
 
 
-def output_of(step: "Step | str", subpath: str = "") -> InputRef:
+def output_of(step: "Step | str", subpath: str = "", data: bool = True) -> InputRef:
     """A reference to `step`'s output (or `subpath` inside it), usable in any config field,
-    list or tuple item (named tuples included) or dict value; never in a set or as a dict key."""
-    return InputRef(step, clean_subpath(subpath))
+    list or tuple item (named tuples included) or dict value; never in a set or as a dict key.
+    `data=False`: the step reads figures about that output, not its data, so no licence of it
+    reaches the step (an eval's results in a model card)."""
+    return InputRef(step, clean_subpath(subpath), data)
 
 
 def this_output(subpath: str = "") -> OwnOutput:

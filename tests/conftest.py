@@ -1,5 +1,6 @@
 """Suite-wide settings. Triton must run in interpreter mode on CPU-only machines, and the flag
 has to be set before any kernel is defined, so it is set here, before test modules import."""
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -138,3 +139,59 @@ def laptop_voyage(ray_local, tmp_path_factory):
                                  steps=round((scale.pretrain_tokens + scale.midtrain_tokens) / per_step),
                                  batch_size=scale.batch_size)
 
+
+
+# -- running the suite on several workers (pytest-xdist) -------------------------------------------
+# The README's command runs the suite on 3 workers with `--dist loadgroup`: most of the suite's time
+# is waiting (Rays, clusters, Ray Train workers and subprocesses starting, leases expiring), which
+# overlaps well even on 2 cores. Session and module fixtures start once per worker that needs them,
+# so every test is grouped with its module (one worker runs a module's fixtures once), and every
+# test that needs the session's laptop run with the others (it runs once). The longest groups go
+# first: a worker that started a 2-minute group last would finish alone.
+LONG_FIRST = (  # the slowest groups, slowest first (docs/benchmarks.md, "The test suite")
+    "laptop_voyage",
+    "tests/steps/train/test_train_mesh.py",
+    "tests/steps/train/test_train_ray.py",
+    "tests/executor/test_crash.py",
+    "tests/steps/train/test_train_async.py",
+    "tests/steps/train/test_train_guard.py",
+    "tests/steps/moe/test_moe_bench.py",
+    "tests/executor/test_gcs.py",
+    "tests/executor/test_nodes.py",
+    "tests/steps/train/test_train_watchdog.py",
+)
+
+
+def _group(item) -> str:
+    if "laptop_voyage" in getattr(item, "fixturenames", ()):
+        return "laptop_voyage"
+    return item.nodeid.split("::", 1)[0]
+
+
+def _grouped(item, group: str) -> None:
+    """Give the item the node id `ID@group` that xdist's loadgroup scheduler reads. xdist 3.8 does
+    this itself for `xdist_group` marks by setting `item._nodeid`, which pytest 9.2 no longer reads
+    (a node's id is the structured `item._id`), so the groups were silently ignored and the
+    laptop run and the gloo meshes ran once per worker. Here the id's string form carries the
+    group (its cached string; the structure stays pytest's own)."""
+    grouped = f"{item.nodeid}@{group}"
+    ident = getattr(item, "_id", None)
+    if ident is not None and hasattr(ident, "_str_cache"):
+        ident = dataclasses.replace(ident)
+        object.__setattr__(ident, "_str_cache", grouped)
+        item._id = ident
+    else:  # pytest before 9.2
+        item._nodeid = grouped
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # on a worker (where the ids are collected) xdist sets `loadgroup`; elsewhere there is nothing to do
+    if not getattr(config.option, "loadgroup", False):
+        return
+    rank = {g: i for i, g in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
+    for item in items:
+        nodeid = item.nodeid
+        if nodeid.rfind("@") <= nodeid.rfind("]"):  # not grouped yet
+            _grouped(item, _group(item))

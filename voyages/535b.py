@@ -383,7 +383,7 @@ def training_steps(config: VoyageConfig, mix: Step, heldout: Step) -> list[Step]
               resources=scale.eval_resources)
     # What the cards describe: the export's README.md (the Hub's page) and the card step's own.
     about = CardConfig(
-        evaluation=output_of(ev), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
+        evaluation=output_of(ev, data=False), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
         licenses={s.name: getattr(s.license, "id", s.license) for s in scale.sources},
         title=f"{name} ({scale.preset} preset, seed {config.seed})", language=("en",))
     # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest

@@ -430,6 +430,9 @@ def _dataset_of(plan: Plan, chain: dict[str, Any], source: str) -> str:
     for name, value in chain["mixture"].step.config.datasets.items():
         tok = _producer(plan, value)
         docs = tok.step.config.documents if tok is not None and tok.step.type.name == "tokenize" else None
+        decontam = _producer(plan, docs)
+        if decontam is not None and decontam.step.type.name == "decontaminate":  # dedup -> decontaminate -> tokenize
+            docs = decontam.step.config.documents
         if isinstance(docs, InputRef) and docs.step_name == chain["dedup"].name and docs.subpath == source:
             return name
     raise VoyageError(f"--which-saw: the keeper is in source {source!r} of {chain['dedup'].name}, whose tokens "

@@ -40,7 +40,8 @@ def test_the_laptop_voyage_page_shows_health_heatmap_and_one_curve(laptop_voyage
     assert pre["by_tokens"][-1][0] < mid["by_tokens"][0][0]  # midtrain carries on where pretrain stopped
     from steps.moe.config import PRESETS
 
-    assert len(pre["heat"]) >= 10 and len(pre["heat"][0][1]) == PRESETS["tiny"].n_layers  # a column per row
+    rows = laptop_voyage.pretrain_steps // 25  # a row per logged step (the voyage logs every 25)
+    assert len(pre["heat"]) >= rows and len(pre["heat"][0][1]) == PRESETS["tiny"].n_layers  # a column per row
     assert pre["reference"] and "router_entropy_mean" in pre["series"]
 
     with sync_playwright() as p:

@@ -45,8 +45,9 @@ def writing(prefix):
     for dirpath, _, files in os.walk(prefix):
         if ".step.json" not in files or not any(not f.startswith(".") for _, _, fs in os.walk(dirpath) for f in fs):
             continue
-        dirname = os.path.relpath(dirpath, prefix)
-        record, status = store.read_record(dirname), store.read_status(dirname)
+        folder = os.path.relpath(dirpath, prefix)  # an attempt's folder: `{output}/.attempts/{id}`
+        dirname = folder.split("/.attempts/")[0]
+        record, status = store.read_record_in(folder), store.read_status(dirname)
         if record and record.attempts and record.attempts[-1].state == "RUNNING" and \
                 (status is None or status.state != SUCCESS):
             found.append(record.name)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from executor.store import Store
+
 from executor import Hang, NonFinite, RetryPolicy, Step, VoyageError, step_type
 from executor.api import run_steps
 from executor.failures import (CODE_ERROR, HANG, LOST_NODE, NON_FINITE, OOM, Budget, budget_for, classify,
@@ -70,8 +72,8 @@ def test_a_code_error_is_not_retried_and_reads_as_one_line(ray_here, tmp_path):
     plan, summary = run_steps([Step("boom", boom, Boom("a bug in user code"))], str(tmp_path / "p"))
     outcome = summary.outcomes["boom"]
     assert (outcome.state, outcome.attempts, outcome.failure) == ("FAILED", 1, CODE_ERROR)
-    record = json.load(open(os.path.join(plan.path(plan.decisions[0].node), ".step.json")))
-    assert [(a["state"], a["failure"]) for a in record["attempts"]] == [("FAILED", CODE_ERROR)]
+    record = Store(str(tmp_path / "p")).read_record(plan.decisions[0].node.dirname, latest=True)  # the failed attempt's
+    assert [(a.state, a.failure) for a in record.attempts] == [("FAILED", CODE_ERROR)]
     out = io.StringIO()
     print_summary(summary, plan, out)
     lines = [line for line in out.getvalue().splitlines() if "boom" in line and "FAILED" in line]

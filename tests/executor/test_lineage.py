@@ -150,7 +150,7 @@ def test_the_nvidia_source_routed_into_an_open_only_step_exits_2_before_anything
     assert len(err.splitlines()) == 1
     assert ("licence policy of step 'pretrain/public' (open licences only): source 'raw/nemotron-cc' under "
             "'NVIDIA data agreement <https://data.commoncrawl.org/contrib/Nemotron/Nemotron-CC/index.html>' "
-            "reaches it via raw/nemotron-cc -> dedup/common-crawl -> tokenized/nemotron-cc -> mixture/535b -> "
+            "reaches it via raw/nemotron-cc -> dedup/common-crawl -> decontam/nemotron-cc -> tokenized/nemotron-cc -> mixture/535b -> "
             "pretrain/public") in err
     assert "other sources: tokenizer/llama3 (Llama 3.1 Community License)" in err
     assert not prefix.exists()
@@ -234,3 +234,22 @@ def test_a_string_where_a_licence_belongs_is_refused_naming_the_step(tmp_path):
     with pytest.raises(VoyageError, match=r"step 'raw/s' \(.*test_lineage.py:\d+\): config.license: 'MIT' is not a "
                                           r"License"):
         plan_steps([Step("raw/s", raw, Raw("s", "MIT"))], str(tmp_path / "p"))
+
+
+def test_a_reference_to_figures_only_carries_no_licence_and_keeps_the_digest():
+    """An eval read for its figures (`output_of(ev, data=False)`, as a model card reads eval's
+    results): the eval set's licence does not reach the card, the training data's still does
+    through its own edge, a policy is checked the same way, and the flag is not in the digest."""
+    train = Step("raw/train", raw, Raw("t", License("MIT")))
+    held = Step("raw/held", raw, Raw("h", NVIDIA))
+    model = Step("model", use, Use((output_of(train),)))
+    ev = Step("eval", use, Use((output_of(model), output_of(held))))
+    card = Step("card", use, Use((output_of(model), output_of(ev, data=False))), licenses=OPEN)
+    lineage = Lineage(build_dag([card]))
+    assert lineage.licenses_of("eval") == ["MIT", NVIDIA.id]
+    assert lineage.licenses_of("card") == ["MIT"]
+    lineage.check()  # NVIDIA's data never reaches the card: nothing refused
+    with_data = Step("card", use, Use((output_of(model), output_of(ev))), licenses=OPEN)
+    with pytest.raises(VoyageError, match=r"'raw/held' under .* reaches it via raw/held -> eval -> card"):
+        Lineage(build_dag([with_data])).check()
+    assert build_dag([card]).by_name["card"].digest == build_dag([with_data]).by_name["card"].digest

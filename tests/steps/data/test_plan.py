@@ -56,5 +56,5 @@ def test_the_voyage_sizes_its_data_steps_from_the_plan_and_exits_2_when_one_cann
     assert v535.FULL.data_resources is None  # no guessed figure left
     code = main([VOYAGE, "--dry-run", "--prefix", "/nonexistent/never-written", "--data_node_memory_gb", "2"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "data plan: a task of dedup/nemotron-cc needs" in err, err
+    assert code == 2 and err.count("\n") == 1 and "data plan: a task of dedup/common-crawl needs" in err, err
     assert not os.path.exists("/nonexistent/never-written")

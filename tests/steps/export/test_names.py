@@ -40,7 +40,7 @@ def test_config_json_round_trip(preset, change):
     plain = {k: v for k, v in hf.items() if k != "marin"}  # written by hand: no training-only block
     back = moe_config(plain, "x")
     free = ["z_loss_coef", "aux_loss_coef", "bias_update_rate", "router_impl", "max_seq_len", "init_std",
-            "expert_align"] + (["global_every"] if not cfg.sliding_window else [])  # no window: no pattern
+            "expert_align", "rank_capacity_factor"] + (["global_every"] if not cfg.sliding_window else [])  # no window: no pattern
     assert back == dataclasses.replace(cfg, **{f: getattr(back, f) for f in free})
 
 

@@ -300,7 +300,7 @@ def test_a_document_removed_by_decontamination_names_the_eval_set(laptop, capsys
     after = which_saw(lv.plan, "kjv", "kjv/Psa24")
     assert after.contamination == [] and after.document == ids_of(lv.prefix, lv.plan, "raw/kjv").index("kjv/Psa24") - 1
     check_against_loader(after, lv.plan, lv.prefix, sampler, seen)
-    assert main([lv.voyage_path, "--laptop", "--prefix", lv.prefix, "--which-saw", "kjv:kjv/Psa23"]) == 0
+    assert main([lv.voyage_path, *lv.args, "--prefix", lv.prefix, "--which-saw", "kjv:kjv/Psa23"]) == 0
     assert "removed by decontamination: matches heldout" in capsys.readouterr().out
 
 

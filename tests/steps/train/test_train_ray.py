@@ -15,6 +15,7 @@ from trainkit import make_mixture, run_step  # noqa: E402
 
 from executor import Resources, Step, output_of  # noqa: E402
 from executor.api import run_steps  # noqa: E402
+from executor.store import Store  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig,  # noqa: E402
                                 TrainConfig, TrainerConfig)
@@ -43,7 +44,8 @@ def test_two_ray_workers_killed_resumed_bitwise_then_midtrain_and_eval(ray_local
 
     plan, summary = run_steps([Step("pretrain", pretrain, killed, resources=two)], prefix)
     assert summary.exit_code == 1 and "fail_after_steps" in summary.failed[0].error
-    out = plan.path(plan.decisions[0].node)
+    dirname = plan.decisions[0].node.dirname  # the failed attempt's folder: nothing is committed yet
+    out = os.path.join(prefix, Store(prefix).read_status(dirname).data_dir(dirname))
     assert [f.step for f in checkpoint.list_checkpoints(out)] == [7, 14]
 
     pre = Step("pretrain", pretrain, cfg, resources=two)  # the knob is run-only: same digest, same folder
