@@ -67,7 +67,7 @@ class CardConfig:
             raise VoyageError("card: training names no training step (give output_of(pretrain), output_of(midtrain))")
 
 
-@step_type(version="2")  # 2: the optimizer, the schedule, licence links and languages in card.json
+@step_type(version="3")  # 2: the optimizer, the schedule, licence links and languages; 3: dedup counts
 def model_card(config: CardConfig, ctx: StepContext) -> None:
     """Write MODEL_CARD.md and card.json: architecture, tokens per stage, source and licence,
     evaluation against its baselines, every upstream step's digests, the code's version."""
@@ -107,6 +107,7 @@ def build_card(config: CardConfig) -> dict[str, Any]:
                   "parameters": {"total": total, "active": active}, "context": int(last_meta["seq_len"]) - 1,
                   "trained_steps": int(last_meta["step"]), "batch_size": int(last_meta["batch_size"])},
         "data": {"stages": stages, **_sum_stages(stages, licenses), "decontamination": decontamination(upstream),
+                 "deduplication": deduplication(upstream),
                  "license_links": license_links(mixture), "seq_len": int(last_meta["seq_len"]),
                  # the trainer counts predicted tokens: seq_len - 1 targets a sequence read
                  "trained_targets": int(last_meta["tokens"]) if "tokens" in last_meta else None},
@@ -232,6 +233,12 @@ def decontamination(upstream: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(u["decontamination"], step=u["name"]) for u in upstream if u.get("decontamination")]
 
 
+def deduplication(upstream: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per dedup step upstream: documents in and removed, exact and fuzzy, and (a dedup of several
+    sources) the removals per pair of sources ("A <- B": documents of A whose keeper is in B)."""
+    return [dict(u["deduplication"], step=u["name"]) for u in upstream if u.get("deduplication")]
+
+
 def upstream_records(urls: list[str]) -> list[dict[str, Any]]:
     """Every step upstream of `urls` (included), by their records' inputs, breadth first: name,
     step type, version, recipe and output digests, and the environment it recorded. Inputs are
@@ -254,6 +261,10 @@ def upstream_records(urls: list[str]) -> list[dict[str, Any]]:
             seen[rec["name"]]["decontamination"] = {k: (rec.get("results") or {}).get(k)
                                                     for k in ("mode", "ngram", "documents", "contaminated", "removed",
                                                               "marked")}
+        if rec.get("step_type") == "dedup":  # its counts too
+            seen[rec["name"]]["deduplication"] = {k: (rec.get("results") or {}).get(k)
+                                                  for k in ("documents_in", "removed", "exact_duplicates_removed",
+                                                            "fuzzy_duplicates_removed", "removed_by_pair")}
         prefix = _prefix(url, rec)
         for inp in rec.get("inputs") or []:
             if inp["name"] not in seen:
@@ -346,6 +357,16 @@ def render(card: dict[str, Any]) -> str:
                                              for s in d["stages"]) + f" | **{d['total']['tokens']:,}** |")
     out += ["", "| licence | tokens | sequences |", "|---|---:|---:|"]
     out += [f"| {lic} | {v['tokens']:,} | {v['sequences']:,} |" for lic, v in d["by_license"].items()]
+    if d.get("deduplication"):
+        out += ["", "Deduplication (MinHash, sources deduplicated together share one id space; \"A <- B\" counts "
+                    "documents of A removed as copies of a document of B).", "",
+                "| step | documents | removed | exact | near | removed per pair of sources |", "|---|---:|---:|---:|---:|---|"]
+        for dd in d["deduplication"]:
+            by_pair = dd.get("removed_by_pair")  # None: a dedup of one source
+            pairs = "one source" if by_pair is None else ", ".join(f"{k}: {v:,}" for k, v in by_pair.items()) or "none"
+            out.append(f"| {dd['step']} | {dd.get('documents_in') or 0:,} | {dd.get('removed') or 0:,} | "
+                       f"{dd.get('exact_duplicates_removed') or 0:,} | {dd.get('fuzzy_duplicates_removed') or 0:,} | "
+                       f"{pairs} |")
     if d.get("decontamination"):
         out += ["", "Decontamination: training documents sharing a normalised n-gram with an eval set, per source "
                     "and eval set.", "", "| step | source | eval set | documents | of |", "|---|---|---|---:|---:|"]

@@ -69,6 +69,13 @@ def test_card_holds_the_model_eval_digests_and_code(card):
     removed = {d["step"]: d["removed"] for d in data["data"]["decontamination"]}
     assert removed == {"decontam/kjv": {"raw/kjv": {"heldout": 4}}, "decontam/pydocs": {"raw/pydocs": {"heldout": 2}}}
     assert "| decontam/kjv (removed, 13-grams) | raw/kjv | heldout | 4 | 1,189 |" in md
+    # cross-source dedup (issue 19): its counts as the dedup step recorded them, per pair of sources
+    dedup = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(plan.dag["dedup/corpus"].dirname),
+                                        "report.json")))
+    (dd,) = data["data"]["deduplication"]
+    assert dd["step"] == "dedup/corpus" and dd["documents_in"] == dedup["documents_in"] == 1_189 + 822
+    assert dd["removed"] == dedup["removed"] and dd["removed_by_pair"] == dedup["removed_by_pair"]
+    assert f"| dedup/corpus | {dd['documents_in']:,} | {dd['removed']:,} |" in md
     assert f"| all | {results['loss']:.4f} | {results['unigram_loss']:.4f} |" in md
     # every upstream step, by name, with the recipe and output digests the prefix holds
     upstream = plan.dag.upstream(["card/laptop"]) - {"card/laptop"}
