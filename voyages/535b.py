@@ -242,12 +242,14 @@ def data_and_heldout(config: VoyageConfig) -> tuple[Step, dict[str, Step], Step]
     deduped: dict[str, InputRef] = {}  # source -> its deduplicated documents
     for group, members in groups.items():
         if len(members) == 1 and not members[0].dedup_group:
-            dd = Step(f"dedup/{group}", dedup, DedupConfig(documents=output_of(raws[group]), seed=config.seed),
+            dd = Step(f"dedup/{group}", dedup, DedupConfig(documents=output_of(raws[group]), seed=config.seed,
+                                                           **_dedup_tasks(config, sized(f"dedup/{group}"))),
                       resources=sized(f"dedup/{group}"))
             deduped[group] = output_of(dd)
             continue
         dd = Step(f"dedup/{group}", dedup, DedupConfig(documents={s.name: output_of(raws[s.name]) for s in members},
-                                                       seed=config.seed), resources=sized(f"dedup/{group}"))
+                                                       seed=config.seed, **_dedup_tasks(config, sized(f"dedup/{group}"))),
+                  resources=sized(f"dedup/{group}"))
         deduped.update({s.name: output_of(dd, s.name) for s in members})
     # the sources' order; each source decontaminated on its own after dedup
     docs = {src.name: output_of(decontam_step(scale, src.name, deduped[src.name], sized)) for src in scale.sources}
@@ -278,6 +280,13 @@ def data_plan_of(config: VoyageConfig) -> DataPlan:
         raise VoyageError(f"data_nodes, data_node_cores and data_node_memory_gb must be positive, got {nodes}")
     sources = [DataSource(s.name, s.tokens, getattr(s, "dedup_group", "")) for s in FULL.sources]
     return plan_data(sources, nodes, heldout_tokens=FULL.heldout.tokens, eval_tokens=FULL.eval_tokens)
+
+
+def _dedup_tasks(config: VoyageConfig, resources: Resources) -> dict[str, float]:
+    """What each pass-1 and pass-4 task of a dedup declares to Ray: at full size the plan's largest
+    task (a 100k-document shard's sorted records, steps/data/plan.py), not DedupConfig's 1 GiB
+    default, which fits the laptop's shards (run-only: the digest does not change)."""
+    return {} if config.laptop else {"task_memory_gb": resources.memory_gb}
 
 
 def _sizer(config: VoyageConfig):
