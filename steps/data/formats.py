@@ -338,17 +338,7 @@ class TokenDataset:
 
     def tokens(self, start: int, n: int) -> np.ndarray:
         """Tokens `start .. start+n` of the concatenation of all shards."""
-        if start < 0 or start + n > self.num_tokens:
-            raise IndexError(f"tokens {start}..{start + n} out of range 0..{self.num_tokens}")
-        parts = []
-        k = int(np.searchsorted(self._starts, start, side="right")) - 1
-        while n > 0:
-            shard = self.shards[k]
-            lo = start - shard.start
-            take = min(n, shard.tokens - lo)
-            if take > 0:
-                parts.append(self._array(shard.name, "tokens", self.dtype, lo, lo + take))
-            start, n, k = start + take, n - take, k + 1
+        parts = [self._array(self.shards[k].name, "tokens", self.dtype, lo, hi) for k, lo, hi in self.spans(start, n)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def spans(self, start: int, n: int) -> list[tuple[int, int, int]]:
