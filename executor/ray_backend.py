@@ -58,11 +58,38 @@ def start(address: str | None = None, num_cpus: int | None = None, pickle_by_val
             raise ClusterError(f"joining the Ray cluster at {target} failed: {_first_line(e)}") from None
         return False
     # "local": a new Ray of our own, whatever address file an earlier `ray start` left behind.
-    try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
-    except Exception as e:  # no room in /tmp, no free port, a broken install: a setting, not a step
-        raise ClusterError(f"starting a local Ray failed: {_first_line(e)}") from None
+    for left in range(START_TRIES - 1, -1, -1):
+        before = _children()
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            return True
+        except Exception as e:  # no room in /tmp, no free port, a broken install: a setting, not a step
+            if left and "timed out during startup" in str(e):
+                # Ray gives its raylet a fixed 30 s to register: a busy machine (two cores running
+                # several Rays) can miss it. Stop what the failed start left, and start again.
+                ray.shutdown()
+                for child in _children() - before:
+                    _kill(child)
+                log.warning("the local Ray did not start within Ray's 30 s; starting it again (%d more)", left)
+                continue
+            raise ClusterError(f"starting a local Ray failed: {_first_line(e)}") from None
     return True
+
+
+START_TRIES = 3  # starts of a local Ray whose raylet missed its registration time
+
+
+def _children() -> set[Any]:
+    import psutil
+
+    return set(psutil.Process().children(recursive=True))
+
+
+def _kill(process: Any) -> None:
+    try:
+        process.kill()
+    except Exception:  # noqa: BLE001 - already gone
+        pass
 
 
 def check_cluster(address: str, timeout: float = JOIN_TIMEOUT) -> str:

@@ -83,3 +83,34 @@ def test_an_unreachable_address_is_one_line():
         check_cluster("marin-no-such-host.invalid:6379", timeout=5)
     with pytest.raises(ClusterError, match=r"^nothing answers at ray://127\.0\.0\.1:\d+: .*Connection refused"):
         check_cluster(f"ray://127.0.0.1:{closed_port()}", timeout=5)
+
+
+START_TWICE = r"""
+import ray, sys
+from executor import ray_backend
+
+real, calls = ray.init, []
+
+
+def init(*args, **kwargs):  # the first start misses Ray's 30 s, as on a busy machine
+    calls.append(kwargs.get("address"))
+    if len(calls) == 1:
+        raise Exception("The current node timed out during startup. This could happen because ...")
+    return real(*args, **kwargs)
+
+
+ray.init = init
+assert ray_backend.start(num_cpus=1) is True
+print(calls, ray.cluster_resources().get("CPU"))
+ray.shutdown()
+"""
+
+
+def test_a_local_ray_that_missed_its_start_time_is_started_again(ray_tmp):
+    """Ray gives a new raylet a fixed 30 s to register; on a busy 2-core machine a local Ray can
+    miss it. marin-run starts it again (another error, e.g. no room in /tmp, is one line: exit 2)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_TMPDIR": ray_tmp}
+    out = subprocess.run([sys.executable, "-c", START_TWICE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "['local', 'local'] 1.0"
+    assert "did not start within Ray's 30 s; starting it again (2 more)" in out.stderr
