@@ -22,21 +22,27 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "..", ".."), HERE]
 
 
-def started_cluster(Cluster, head: dict, tries: int = 3):
-    """The cluster with its head started. Ray gives a raylet a fixed 30 s to register; on a
-    2-core machine running the suite on 3 workers that can run out, so a head that timed out is
-    started again, after its half-started processes (this host's only children then) are killed."""
+def started_cluster(Cluster, head: dict, node: dict, tries: int = 3):
+    """The cluster with its head and one more node started: (cluster, that node). Ray gives a raylet
+    a fixed 30 s to register; on a 2-core machine running the suite on 3 workers that can run out,
+    so a start that timed out is made again, after what it left (this host's only children then)
+    is killed."""
     import psutil
 
     for left in range(tries - 1, -1, -1):
+        cluster = None
         try:
-            return Cluster(initialize_head=True, head_node_args=head)
+            cluster = Cluster(initialize_head=True, head_node_args=head)
+            return cluster, cluster.add_node(**node)
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for the timeout
             if left == 0 or "timed out during startup" not in str(e):
                 raise
+            if cluster is not None:
+                cluster.shutdown()
             for child in psutil.Process().children(recursive=True):
                 child.kill()
-            print(f"rack_host: the head timed out during startup; starting it again ({left} more)", file=sys.stderr)
+            print(f"rack_host: a node timed out during startup; starting the cluster again ({left} more)",
+                  file=sys.stderr)
 
 
 def main() -> None:
@@ -54,11 +60,10 @@ def main() -> None:
     # The head is rack r1's node (one raylet fewer to start); r0's node joins after it. Three CPUs
     # a node: packed freely (Ray Train's PACK), 4 one-CPU workers would go 3 + 1 and an ep group
     # of 2 would cross the racks; placed in whole ep groups per rack they go 2 + 2.
-    cluster = started_cluster(Cluster, dict(num_cpus=3, labels={RACK_LABEL: "r1"}, include_dashboard=False))
-    nodes = {cluster.head_node.node_id: "r1"}
+    cluster, node = started_cluster(Cluster, dict(num_cpus=3, labels={RACK_LABEL: "r1"}, include_dashboard=False),
+                                    dict(num_cpus=3, labels={RACK_LABEL: "r0"}))
+    nodes = {cluster.head_node.node_id: "r1", node.node_id: "r0"}
     try:
-        node = cluster.add_node(num_cpus=3, labels={RACK_LABEL: "r0"})
-        nodes[node.node_id] = "r0"
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING", configure_logging=False)
         cfg = config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2)
