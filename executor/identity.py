@@ -21,7 +21,6 @@ not keyed, so the plan can say "code drifted" without forking a new output on ev
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import enum
 import hashlib
@@ -265,18 +264,8 @@ def normalized(value: Any, kind: Kind = None) -> Any:
             return int(value)
         return value + 0.0 if value == 0 else value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for name, field_kind in _field_kinds(type(value)):
-            old = getattr(value, name)
-            new = normalized(old, field_kind)
-            if new is not old:
-                changes[name] = new
-        if not changes:
-            return value
-        clone = copy.copy(value)
-        for k, v in changes.items():
-            object.__setattr__(clone, k, v)
-        return clone
+        kinds = dict(_field_kinds(type(value)))
+        return refs.with_fields(value, kinds, lambda name, old: normalized(old, kinds[name]))
     if isinstance(value, (list, tuple)) and not hasattr(type(value), "_fields"):
         item = kind[1] if isinstance(kind, tuple) and kind[0] == "seq" else None
         items = [normalized(v, item) for v in value]

@@ -142,6 +142,24 @@ def detach(value: Any) -> Any:
                     if isinstance(ref, InputRef) and not isinstance(ref.step, str) else ref)
 
 
+def with_fields(value: Any, names: Any, new_of: Callable[[str, Any], Any]) -> Any:
+    """A dataclass instance with each field of `names` set to `new_of(name, old value)`: the same
+    object when no field changed, else a copy (frozen ones too) without re-running its
+    `__post_init__`."""
+    changes = {}
+    for name in names:
+        old = getattr(value, name)
+        new = new_of(name, old)
+        if new is not old:
+            changes[name] = new
+    if not changes:
+        return value
+    clone = copy.copy(value)
+    for k, v in changes.items():
+        object.__setattr__(clone, k, v)
+    return clone
+
+
 def map_refs(value: Any, fn: Callable[[Any], Any]) -> Any:
     """A copy of `value` with every reference `r` replaced by `fn(r)` (see `resolve`)."""
     if isinstance(value, _SCALARS):
@@ -149,18 +167,7 @@ def map_refs(value: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(value, REFS):
         return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for name in field_names(type(value)):
-            old = getattr(value, name)
-            new = map_refs(old, fn)
-            if new is not old:
-                changes[name] = new
-        if not changes:
-            return value
-        clone = copy.copy(value)
-        for k, v in changes.items():
-            object.__setattr__(clone, k, v)
-        return clone
+        return with_fields(value, field_names(type(value)), lambda name, old: map_refs(old, fn))
     if isinstance(value, (list, tuple)):
         items = [map_refs(v, fn) for v in value]
         if all(a is b for a, b in zip(items, value)):
