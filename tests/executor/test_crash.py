@@ -10,6 +10,7 @@ many of them: bench/faults.py.)
 """
 
 import os
+import shutil
 import sys
 import time
 
@@ -67,13 +68,20 @@ def after_a_success(prefix):
 def kill_and_finish(voyage, args, prefix, logs, ray_tmp, ray_local, moments, final_args=(), quick=False):
     """SIGKILL one run per entry of `moments` (a check of the prefix, polled: the run is killed as
     soon as it holds), checking the prefix after each, then finish on the session's Ray; returns
-    the final audit. `quick`: the voyage may have ended between the check and the kill."""
+    the final audit. `quick`: the voyage may have ended between the check and the kill; and a
+    quick voyage may pass its first moment between two polls (a loaded machine), so the first
+    moment gets up to three runs, each on an emptied prefix."""
     done_at: dict[str, int] = {}  # a step seen SUCCESS -> how many attempts its record had then
     tags = []
     for k, moment in enumerate(moments):
-        run = faultkit.Executor(voyage, args, logs, ray_tmp, name=f"killed{k}")
-        tags.append(run.tag)
-        hit = faultkit.wait_for(lambda: not run.running() or moment(prefix), 120)
+        for tries in range(3 if quick and k == 0 else 1):
+            run = faultkit.Executor(voyage, args, logs, ray_tmp, name=f"killed{k}-{tries}")
+            tags.append(run.tag)
+            hit = faultkit.wait_for(lambda: not run.running() or moment(prefix), 120)
+            if run.running() and hit:
+                break
+            if tries < 2 and quick and k == 0 and run.wait(60) == 0:
+                shutil.rmtree(prefix, ignore_errors=True)  # it ran to the end unseen: again, from nothing
         assert run.running() and hit, (k, moment.__name__, run.tail())
         run.kill()
         got = faultkit.audit(prefix)
@@ -114,7 +122,8 @@ def test_sigkill_during_hello(tmp_path, ray_local, ray_tmp):
     args = ["--prefix", prefix, "--lease-ttl", "2", "--n_files", "3"]
 
     def a_step_began(prefix):
-        return any(states and states[-1] == "RUNNING" for states in faultkit.audit(prefix).attempts.values())
+        seen = faultkit.audit(prefix, verify=False)
+        return any(states and states[-1] == "RUNNING" for states in seen.attempts.values())
 
     got = kill_and_finish(faultkit.HELLO, args, prefix, str(tmp_path / "logs"), ray_tmp, ray_local,
                           [a_step_began], quick=True)
