@@ -197,10 +197,11 @@ def test_laptop_steps_shortens_only_the_laptop_rehearsal(v535):
             v535.voyage(config)
 
 
-def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
+def test_laptop_voyage_end_to_end(laptop_voyage, laptop_copy, tmp_path, monkeypatch):
     """The session's laptop run (tests/conftest.py: `laptop_voyage`, shared with which-saw and the
     model card): it succeeds, learns, exports, and then plans cached, cuts off an identical
-    rerun, and survives a copied prefix."""
+    rerun, and survives a copied prefix. The reruns and the move happen on a copy of its prefix
+    (`laptop_copy`): other workers read the session's prefix meanwhile."""
     from executor.api import plan_steps, run_steps
     from executor.plan import Selection
 
@@ -217,34 +218,32 @@ def test_laptop_voyage_end_to_end(laptop_voyage, tmp_path, monkeypatch):
     pages = list(glob.glob(os.path.join(prefix, "voyages", "535b", "*", "index.html")))
     assert pages, "the live page was not written"
 
-    again = plan_steps(v535.voyage(config), prefix)
+    own = laptop_copy
+    again = plan_steps(v535.voyage(config), own)
     assert again.counts() == {"CACHED": len(again.decisions)}
     # dedup is deterministic: a rerun makes identical bytes, so nothing downstream goes stale
-    _, summary = run_steps(v535.voyage(config), prefix, Selection(rerun=("dedup/corpus",)))
+    _, summary = run_steps(v535.voyage(config), own, Selection(rerun=("dedup/corpus",)))
     assert summary.outcomes["dedup/corpus"].state == "SUCCESS" and summary.stale_after == []
-    after = plan_steps(v535.voyage(config), prefix)
+    after = plan_steps(v535.voyage(config), own)
     assert after.counts() == {"CACHED": len(after.decisions)}
 
     # Issue 13, item 10: the prefix copied elsewhere and the original moved away (so any read of it
-    # fails): every step plans CACHED with the same output digests, and a rerun of pretrain reads
-    # only the copy. The session's prefix is moved back afterwards (other tests read it).
+    # fails): every step plans CACHED with the same output digests, and a rerun of a training step
+    # reads only the copy. Midtrain, the shorter of the two: it reads pretrain's checkpoint and the
+    # mixture, so both must come from the copy (pretrain's own rerun reads the mixture alone).
     copy, away = str(tmp_path / "copy" / "out"), str(tmp_path / "away")
-    shutil.copytree(prefix, copy, symlinks=True)
-    shutil.move(prefix, away)
-    try:
-        moved = plan_steps(v535.voyage(config), copy)
-        assert moved.counts() == {"CACHED": len(moved.decisions)}
-        digests = {d.name: d.status.output_digest for d in after.decisions}
-        assert {d.name: d.status.output_digest for d in moved.decisions} == digests
-        licences_and_tokens_are_recorded(laptop_voyage, copy, moved)
-        _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("pretrain/laptop",)))
-        assert summary.outcomes["pretrain/laptop"].state == "SUCCESS", summary.outcomes["pretrain/laptop"].error
-        assert not os.path.exists(prefix)
-        # item 11: the rerun wrote the same artifacts (timings are logs), so nothing downstream is stale
-        assert summary.stale_after == []
-    finally:
-        shutil.move(away, prefix)
-
+    shutil.copytree(own, copy, symlinks=True)
+    shutil.move(own, away)
+    moved = plan_steps(v535.voyage(config), copy)
+    assert moved.counts() == {"CACHED": len(moved.decisions)}
+    digests = {d.name: d.status.output_digest for d in after.decisions}
+    assert {d.name: d.status.output_digest for d in moved.decisions} == digests
+    licences_and_tokens_are_recorded(laptop_voyage, copy, moved)
+    _, summary = run_steps(v535.voyage(config), copy, Selection(rerun=("midtrain/laptop",)))
+    assert summary.outcomes["midtrain/laptop"].state == "SUCCESS", summary.outcomes["midtrain/laptop"].error
+    assert not os.path.exists(own)
+    # item 11: the rerun wrote the same artifacts (timings are logs), so nothing downstream is stale
+    assert summary.stale_after == []
 
 
 def licences_and_tokens_are_recorded(lv, prefix, plan):

@@ -32,7 +32,7 @@ def hub(laptop_voyage):
 def test_the_folder_holds_only_the_model_and_no_path_of_this_machine(hub):
     lv, folder, _ = hub
     assert set(os.listdir(folder)) == HUB_FILES  # no .status, .lease, .step.json: those stay one level up
-    here = {lv.prefix, os.path.dirname(lv.prefix), lv.root, os.path.expanduser("~")}
+    here = {lv.prefix, os.path.dirname(lv.prefix), lv.ran_at, lv.root, os.path.expanduser("~")}
     for name in HUB_FILES - {"model-00001-of-00001.safetensors"}:
         text = open(os.path.join(folder, name), encoding="utf-8").read()
         assert not [p for p in here if p in text], name

@@ -186,22 +186,20 @@ def test_cli_answers_and_refuses_bad_queries(laptop, capsys):
     assert after == before
 
 
-def test_a_relocated_prefix_answers_from_the_copy(laptop, tmp_path):
-    """The prefix copied elsewhere and the original moved away: the same answer, read from the copy."""
+def test_a_relocated_prefix_answers_from_the_copy(laptop, laptop_copy, tmp_path):
+    """The prefix copied elsewhere and the original moved away: the same answer, read from the
+    copy. (The "original" is this test's own copy of the session's prefix, which other workers read.)"""
     from executor.api import plan_steps
 
     lv, _sampler, _seen = laptop
     want = which_saw(lv.plan, "pydocs", "pydocs/faq/design/2").to_json()
     copy, away = str(tmp_path / "copy"), str(tmp_path / "away")
-    shutil.copytree(lv.prefix, copy, symlinks=True)
-    shutil.move(lv.prefix, away)
-    try:
-        plan = plan_steps(lv.module.voyage(lv.config), copy)
-        got = which_saw(plan, "pydocs", "pydocs/faq/design/2")
-        assert all(url.startswith(copy) for url in got.steps_read.values())
-        assert dict(got.to_json(), read=None) == dict(want, read=None)
-    finally:
-        shutil.move(away, lv.prefix)
+    shutil.copytree(laptop_copy, copy, symlinks=True)
+    shutil.move(laptop_copy, away)
+    plan = plan_steps(lv.module.voyage(lv.config), copy)
+    got = which_saw(plan, "pydocs", "pydocs/faq/design/2")
+    assert all(url.startswith(copy) for url in got.steps_read.values())
+    assert dict(got.to_json(), read=None) == dict(want, read=None)
 
 
 # -- a document removed by dedup -------------------------------------------------------------------
