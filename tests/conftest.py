@@ -250,3 +250,19 @@ def pytest_collection_modifyitems(config, items):
         nodeid = item.nodeid
         if nodeid.rfind("@") <= nodeid.rfind("]"):  # not grouped yet
             _grouped(item, _group(item))
+
+
+def pytest_runtest_logreport(report):
+    """`MARIN_SUITE_TIMELINE=FILE`: one JSON line per test phase (worker, test, phase, start, stop),
+    written where the reports arrive (xdist's controller), to see which worker waited on what
+    (bench/suite_timeline.py reads it)."""
+    path = os.environ.get("MARIN_SUITE_TIMELINE")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import json
+
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    with open(path, "a") as f:
+        f.write(json.dumps({"worker": worker, "test": report.nodeid, "when": report.when,
+                            "start": report.start, "stop": report.stop, "outcome": report.outcome}) + "\n")
