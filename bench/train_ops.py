@@ -132,15 +132,32 @@ def recover(args, work: pathlib.Path) -> None:
 def health(args, work: pathlib.Path) -> None:
     import torch
 
+    from steps.train import health as health_mod
     from steps.train.health import row as health_row
     from steps.train.loop import Trainer
     from steps.train.pretrain import prepare
 
+    # The difference of two step times is as noisy as the step (a few % on a loaded machine), so
+    # the health work is also timed directly: process time inside the entropy hooks and `row`.
+    spent = [0.0]
+    hook_of = health_mod.Entropy._hook
+
+    def timed_hook(self, i):
+        inner = hook_of(self, i)
+
+        def hook(*a):
+            t = time.process_time()
+            inner(*a)
+            spent[0] += time.process_time() - t
+        return hook
+
+    health_mod.Entropy._hook = timed_hook
     mix = make_mix(work, 400)
     torch.set_num_threads(1)
     print(f"MoE health metrics per step, CPU, one thread, {args.reps} x {args.block} steps each way, interleaved; "
           f"batch {args.batch} x 64 tokens (small: {args.small_batch})")
-    print(f"{'preset':>7} {'step ms':>9} {'+health ms':>11} {'per logged step':>16} {'per step (log_every 10)':>24}")
+    print(f"{'preset':>7} {'step ms':>9} {'+health ms':>11} {'per logged step':>16} {'per step (log_every 10)':>24}"
+          f" {'direct ms':>10} {'direct share':>13}")
     for preset in ("tiny", "small"):
         ctx = StepContext(name="h", output=str(work / f"health-{preset}"), digest="h" * 64)
         job = prepare(config(mix, preset, args.batch if preset == "tiny" else args.small_batch), ctx, "pretrain")
@@ -149,21 +166,27 @@ def health(args, work: pathlib.Path) -> None:
         times = {False: [], True: []}
         trainer.train_step(sums, health=True)  # warm up both paths
         trainer.train_step(sums, health=False)
+        spent[0], logged = 0.0, 0
         for rep in range(args.reps):
             for on in ((False, True) if rep % 2 == 0 else (True, False)):
                 t = time.process_time()
                 for _ in range(args.block):
                     trainer.train_step(sums, health=on)
                     if on:
+                        t_row = time.process_time()
                         load = torch.stack([m.expert_load_E for m in trainer.layers])
                         health_row(load, trainer.layers, trainer.entropy.mean())
+                        spent[0] += time.process_time() - t_row
+                        logged += 1
                     for m in trainer.layers:
                         m.expert_load_E.zero_()
                     trainer.step += 1
                 times[on].append((time.process_time() - t) / args.block)
         off, on = statistics.median(times[False]), statistics.median(times[True])
         extra = on - off
-        print(f"{preset:>7} {1e3 * off:9.2f} {1e3 * extra:11.3f} {100 * extra / off:15.2f}% {100 * extra / off / 10:23.2f}%")
+        direct = spent[0] / logged
+        print(f"{preset:>7} {1e3 * off:9.2f} {1e3 * extra:11.3f} {100 * extra / off:15.2f}% {100 * extra / off / 10:23.2f}%"
+              f" {1e3 * direct:10.3f} {100 * direct / off:12.2f}%")
 
 
 def main() -> None:
