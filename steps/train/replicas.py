@@ -8,9 +8,10 @@ replicas). What each rank holds, for its FSDP2 shard of every parameter (`numel`
 - the working parameter FSDP2 gathers each block: in the run's compute dtype (bf16 when the run is
   bf16, so 2 bytes; fp32 otherwise, 4);
 - an fp32 gradient accumulator of the whole shard (4 bytes): FSDP2 reduce-scatters each
-  micro-batch's gradient over dp_shard (in fp32, then cast to the working dtype as it hands it
-  over), and a post-accumulate-grad hook adds it into the accumulator in fp32 and drops FSDP2's
-  copy, so gradients accumulate in fp32 whatever the working dtype;
+  micro-batch's gradient over dp_shard in fp32; its all-reduce hook (per parameter group, run on
+  the fp32 output before FSDP2 casts it to the working dtype) adds each shard into the
+  accumulator, and a post-accumulate-grad hook drops FSDP2's cast copy, so gradients are summed
+  in fp32 whatever the working dtype;
 - after the last micro-batch, the accumulator is reduce-scattered over the replica group: each
   rank keeps the fp32 sum of its 1/R slice (`_slice`: the flat shard cut into R equal chunks, the
   last ones short or empty). The hook starts each parameter's reduce-scatter as soon as FSDP2 hands
@@ -26,11 +27,9 @@ over the replica group into the working shard, in the working dtype, once a step
 Bytes across racks a step: a reduce-scatter of the fp32 shard plus an all-gather in the working
 dtype, which is at most what the ring all-reduce of plain HSDP moves (fp32 both ways).
 
-Numerics: in fp32 every sum is the one plain HSDP makes (on gloo the reduce-scatter is an
-all-reduce of which each rank keeps its slice; with two replicas a sum of two, the same bits). In
-bf16 each micro-batch's dp_shard-reduced gradient is rounded to bf16 once before the fp32
-accumulation (FSDP2 casts it to the parameter's dtype), as Megatron's bf16 gradients are before
-its fp32 main-gradient accumulation.
+Numerics: every sum is the one plain HSDP makes, in fp32 (on gloo the reduce-scatter is an
+all-reduce of which each rank keeps its slice; with two replicas a sum of two, the same bits);
+in bf16 the master slices and the update are fp32, as plain bf16 HSDP's whole fp32 weights are.
 
 Checkpoints hold plain AdamW's keys and full logical tensors: the optimizer's `state_dict` gathers
 each moment back to its parameter's shard as a DTensor of the parameter's layout, and, when the
@@ -111,30 +110,61 @@ class ReplicaShards:
             # plain functions: torch marks a public hook with an attribute, which a bound method refuses
             model.register_state_dict_post_hook(lambda *args: self._state_dict_hook(*args))
             model.register_load_state_dict_pre_hook(lambda *args: self._load_hook(*args))
+        self._hook_groups(model)
         for p in self.params:
-            p.register_post_accumulate_grad_hook(self._accumulate)
+            p.register_post_accumulate_grad_hook(self._take_grad)
 
     @staticmethod
     def _flat(p: Tensor) -> Tensor:
         return _local(p).detach().view(-1)
 
     # -- gradients --------------------------------------------------------------------------------
+    def _hook_groups(self, model: nn.Module) -> None:
+        """Take each FSDP2 parameter group's reduce-scattered gradients in their reduce dtype (fp32),
+        before FSDP2 casts them to the working dtype: its all-reduce hook (the hook a custom
+        replica reduction is meant to use) sees the group's flat output, one padded chunk a
+        parameter in the group's order."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    params = [fp.sharded_param for fp in group.fsdp_params]
+                    sizes = [fp.padded_sharded_param_size.numel() for fp in group.fsdp_params]
+                    group._all_reduce_hook = (lambda out, params=params, sizes=sizes:
+                                              self._accumulate(params, sizes, out))
+
     @torch.no_grad()
-    def _accumulate(self, p: Tensor) -> None:
-        """FSDP2 has handed over `p`'s gradient shard of one micro-batch: into fp32, then, on the
-        last micro-batch, start its reduce-scatter over the replicas."""
-        grad = _local(p.grad).reshape(-1)
-        acc = self.acc.get(p)
-        if acc is None:
-            _, _, chunk = self.bounds[p]
-            acc = self.acc[p] = torch.zeros(chunk * self.replicas.size, dtype=torch.float32, device=grad.device)
-        n = grad.numel()
-        if p in self.seen:
-            acc[:n].add_(grad)
-        else:
-            acc[:n].copy_(grad)
-            self.seen.add(p)
+    def _accumulate(self, params: list[Tensor], sizes: list[int], reduced: Tensor) -> None:
+        """One micro-batch's dp_shard-reduced gradients of a parameter group, in fp32, into the
+        accumulators (FSDP2 runs this on its reduce stream, before its cast)."""
+        if reduced.numel() != sum(sizes):  # a parameter without a gradient shifts the layout
+            raise RuntimeError(f"offload='replicas': a parameter group reduced {reduced.numel()} elements, its "
+                               f"{len(params)} parameters' shards hold {sum(sizes)}; every parameter must have a "
+                               f"gradient every micro-batch")
+        offset = 0
+        for p, size in zip(params, sizes):
+            n = _local(p).numel()
+            grad = reduced[offset:offset + n]
+            offset += size
+            acc = self.acc.get(p)
+            if acc is None:
+                _, _, chunk = self.bounds[p]
+                acc = self.acc[p] = torch.zeros(chunk * self.replicas.size, dtype=torch.float32, device=grad.device)
+            if p in self.seen:
+                acc[:n].add_(grad)
+            else:
+                acc[:n].copy_(grad)
+                self.seen.add(p)
+
+    @torch.no_grad()
+    def _take_grad(self, p: Tensor) -> None:
+        """FSDP2 has handed over `p`'s gradient shard of one micro-batch, cast to the working
+        dtype: dropped (the fp32 sum is in the accumulator); on the last micro-batch, start its
+        reduce-scatter over the replicas."""
         p.grad = None
+        if p not in self.seen:
+            raise RuntimeError(f"offload='replicas': {self.names[p]} got a gradient its group's reduce did not pass on")
         if self.last:
             self._launch(p)
 
