@@ -29,8 +29,7 @@ MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
 
 # bf16 (issue 22): the distributed optimizer (bf16 working weights, fp32 master slices) against
 # plain bf16 HSDP on the same mesh (fp32 weights whole on each replica), and both against one fp32
-# process. On dp_shard 2 FSDP2 rounds each micro-batch's reduced gradient to bf16 before the fp32
-# accumulation; on dp_shard 1 that rounding is exact.
+# process.
 BF16 = {  # name: (ParallelConfig fields, workers, micro-batch)
     "dp_replicate 2 x 1": (dict(dp_replicate=2, dp_shard=1), 2, 2),
     "HSDP 2 x 2, ep=2": (dict(dp_replicate=2, dp_shard=2, ep=2), 4, 2),
