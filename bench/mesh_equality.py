@@ -27,6 +27,26 @@ MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
 }
 
 
+# bf16 (issue 22): the distributed optimizer (bf16 working weights, fp32 master slices) against
+# plain bf16 HSDP on the same mesh (fp32 weights whole on each replica), and both against one fp32
+# process.
+BF16 = {  # name: (ParallelConfig fields, workers, micro-batch)
+    "dp_replicate 2 x 1": (dict(dp_replicate=2, dp_shard=1), 2, 2),
+    "HSDP 2 x 2, ep=2": (dict(dp_replicate=2, dp_shard=2, ep=2), 4, 2),
+}
+
+
+def _diff(got_out: str, ref_out: str) -> tuple[float, float, float]:
+    import torch
+
+    ref, ref_w = _rows(ref_out), torch.load(f"{ref_out}/dumps/final.pt")
+    got, got_w = _rows(got_out), torch.load(f"{got_out}/dumps/final.pt")
+    loss = max(abs(got[s]["loss"] - ref[s]["loss"]) / ref[s]["loss"] for s in ref)
+    norm = max(abs(got[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in ref)
+    weights = max(float((got_w[k] - ref_w[k]).norm() / ref_w[k].norm()) for k in ref_w)
+    return loss, norm, weights
+
+
 def _rows(out: str) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, open(f"{out}/metrics.jsonl"))}
 
@@ -57,6 +77,15 @@ def main() -> None:
         norm = max(abs(got[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in ref)
         weights = max(float((got_w[k] - ref_w[k]).norm() / ref_w[k].norm()) for k in ref_w)
         print(f"| {name} | {workers} | {loss:.1e} | {norm:.1e} | {weights:.1e} |", flush=True)
+    print("\n| bf16 mesh, 2 micro-batches a rank | processes | distributed optimizer vs plain bf16 HSDP: loss / grad "
+          "norm / weights | plain bf16 HSDP vs one fp32 process: loss / grad norm / weights |")
+    print("|---|---|---|---|")
+    for i, (name, (fields, workers, micro)) in enumerate(BF16.items()):
+        runs = [run_mesh(config(mix, ParallelConfig(**fields, **extra), microbatch=micro, precision="bf16"),
+                         str(root / f"bf16-{i}-{j}"), workers) for j, extra in enumerate(({}, {"offload": "replicas"}))]
+        mine, plain = _diff(runs[1], runs[0]), _diff(runs[0], one)
+        print(f"| {name} | {workers} | {' / '.join(f'{x:.1e}' for x in mine)} | "
+              f"{' / '.join(f'{x:.1e}' for x in plain)} |", flush=True)
 
 
 if __name__ == "__main__":

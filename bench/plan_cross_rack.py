@@ -27,10 +27,10 @@ EP64 = Mesh(11, 64, 64)
 
 def plans() -> None:
     chosen, _ = pick(FULL)
-    rows = [("the search's choice (moments on the host)", chosen),
-            ("the same, AdamW sharded over the 11 replicas", estimate(FULL, dataclasses.replace(chosen.choice,
-                                                                                            offload="replicas"))),
-            ("the same, Adam on the GPU", estimate(FULL, dataclasses.replace(chosen.choice, offload="none")))]
+    hosted = Choice(EP64, 1, "selective", "moments")  # the choice before the distributed optimizer
+    rows = [(f"the search's choice ({chosen.choice.offload})", chosen),
+            ("the same mesh, Adam moments on the host (the choice before)", estimate(FULL, hosted)),
+            ("the same mesh, Adam on the GPU", estimate(FULL, dataclasses.replace(hosted, offload="none")))]
     print(f"calibrated efficiency while computing: {FULL.compute_efficiency:.1%}; target {FULL.memory_target_gib:g} GiB")
     print("| plan | peak GiB | verdict | host GiB | cross-rack exposed s | host C2C exposed s | step s |")
     print("|---|---|---|---|---|---|---|")
@@ -40,10 +40,17 @@ def plans() -> None:
         print(f"| {name}: {p.choice.describe()} | {p.peak / GIB:.2f} | {p.verdict()} | {p.host / GIB:.1f} | "
               f"{net:.2f} | {host:.2f} | {p.time.total:.2f} |")
     print(f"| anchor (published) | {ANCHOR.peak_gib} | | on the host | | | {ANCHOR.step_s} |")
+    print("\nthe choice's state a GPU (GiB):")
+    for row in chosen.rows[:4]:
+        print(f"  {row.name:34s} {row.bytes / GIB:6.2f}  {row.note}")
+    for c in chosen.time.collectives:
+        if c.link == "network":
+            print(f"  {c.name:40s} {c.bytes / 1e9:6.1f} GB  {c.seconds:.2f} s, exposed {c.exposed:.2f} s ({c.overlap})")
 
 
 def skew() -> None:
-    choice = Choice(EP64, 1, "selective", "moments")
+    choice = pick(FULL)[0].choice
+    print(f"\nskew, on the search's choice: {choice.describe()}")
     free = dataclasses.replace(FULL, model=dataclasses.replace(BIG, rank_capacity_factor=0.0))
     print("\n| busiest rank's rows over the mean | peak GiB, unbounded (dropless) | peak GiB, capacity 1.25x | "
           "busiest rank's assignments dropped at 1.25x |")

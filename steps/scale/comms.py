@@ -28,9 +28,10 @@ Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
   several replicas). It runs during the last micro-batch's backward (block by block), so only
   what exceeds that backward is exposed.
 - with offload "replicas" (a distributed optimizer, steps/train/replicas.py) that all-reduce is
-  a reduce-scatter of the gradient shards over the replicas after the backward and an
-  all-gather of the weights after the update: the same bytes, none of it hidden (the code issues
-  both between the backward and the next forward).
+  a reduce-scatter of the fp32 gradient shards over the replicas, issued asynchronously as each
+  shard's last gradient arrives during the last micro-batch's backward (hidden by it as the
+  all-reduce is), and an all-gather of the bf16 working weights after the update (2 bytes a
+  parameter instead of the all-reduce's second 4): nothing hides it.
 - the optimizer, after the backward: on the GPU, memory-bound over the shards; with offload
   "moments" the moments stream over NVLink-C2C both ways beside the update (double-buffered,
   steps/train/offload.py), so the longer of the two counts; the two GPUs of a Grace share its C2C
@@ -267,17 +268,22 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
                                   "a block's compute, with its gather and reduce-scatter"))
 
     if mesh.dp_replicate > 1 and offload == "replicas":
-        # the distributed optimizer (steps/train/replicas.py): one flat group of the replicas,
-        # per parameter tensor a reduce-scatter of its fp32 gradient shard after the backward and
-        # an all-gather of its fp32 weights after the update; neither overlaps anything
+        # the distributed optimizer (steps/train/replicas.py): one flat group of the replicas, per
+        # parameter tensor a reduce-scatter of its fp32 gradient shard, started from FSDP2's
+        # gradient hook as each shard's last gradient arrives (async), so it runs beside the last
+        # micro-batch's backward as HSDP's all-reduce does; then, after the update, an all-gather
+        # of the bf16 working weights, which nothing hides (the next forward needs them)
         tensors = L * (len(dense_block_shapes(cfg)) + 3) + 3
         link = "network" if racks > 1 else "nvlink"
-        per = FP32 * sh.total(L) * _ring(mesh.dp_replicate)
-        seconds = per / hw.link_bytes_per_s(link) + tensors * lat
+        rs_per = FP32 * sh.total(L) * _ring(mesh.dp_replicate)
+        ag_per = BF16 * sh.total(L) * _ring(mesh.dp_replicate)
+        rs_s = rs_per / hw.link_bytes_per_s(link) + tensors * lat
+        ag_s = ag_per / hw.link_bytes_per_s(link) + tensors * lat
+        last_bwd = mb_tokens * (2 * exec_fwd + again) / rate
         group = f"dp_replicate {mesh.dp_replicate}" + (f" over {racks} racks" if racks > 1 else " in a rack")
-        out.append(Collective("replicas: reduce-scatter (fp32 grads)", link, group, per, tensors, seconds, seconds,
-                              "none: after the last backward, before the norm"))
-        out.append(Collective("replicas: all-gather (fp32 weights)", link, group, per, tensors, seconds, seconds,
+        out.append(Collective("replicas: reduce-scatter (fp32 grads)", link, group, rs_per, tensors, rs_s,
+                              max(0.0, rs_s - last_bwd), "the last micro-batch's backward (async, from the hooks)"))
+        out.append(Collective("replicas: all-gather (bf16 weights)", link, group, ag_per, tensors, ag_s, ag_s,
                               "none: after the update"))
     elif mesh.dp_replicate > 1:  # hierarchical: in the rack first, then across racks
         grad_bytes = FP32 * sh.total(L)
@@ -301,8 +307,8 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
     params = sh.total(L)
     if offload == "all":
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / hw.host_update_bytes_per_s()
-    elif offload == "replicas":  # the update on this rank's slice; clipping over the whole shard
-        optimizer = params * (ADAM_BYTES / mesh.dp_replicate + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
+    elif offload == "replicas":  # the update and the clipping on this rank's slice
+        optimizer = params * (ADAM_BYTES + CLIP_BYTES) / mesh.dp_replicate / (hw.hbm_tbps * 1e12)
     else:
         optimizer = params * (ADAM_BYTES + CLIP_BYTES) / (hw.hbm_tbps * 1e12)
     if offload == "moments":

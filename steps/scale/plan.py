@@ -137,7 +137,7 @@ class Choice:
 
 OFFLOAD_WORDS = {"none": "Adam on the GPU", "moments": "Adam moments on the host",
                  "all": "weights, grads and Adam on the host",
-                 "replicas": "Adam moments sharded over the replicas (distributed optimizer)"}
+                 "replicas": "fp32 masters, grads and Adam sharded over the replicas"}
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,13 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     head_unit = BF16 * (sh.head * m.dp_shard)
     off = choice.offload
     moments = {"none": 2, "moments": 0, "all": 0, "replicas": 2 / m.dp_replicate}[off] * FP32 * params
-    on_gpu = (0 if off == "all" else 2 * FP32 * params) + moments  # weights and grads, and the moments
+    # the distributed optimizer (steps/train/replicas.py): bf16 working weights, fp32 master slices,
+    # an fp32 accumulator of the whole gradient shard and the reduced slice (its own buffer)
+    replicas = off == "replicas"
+    weights = 0 if off == "all" else (BF16 if replicas else FP32) * params
+    master = FP32 * params / m.dp_replicate if replicas else 0
+    grads = 0 if off == "all" else FP32 * params * (1 + (1 / m.dp_replicate if replicas else 0))
+    on_gpu = weights + master + grads + moments
     host = {"none": 0, "moments": 2, "all": 4, "replicas": 0}[off] * FP32 * params
     transit = 3 * FP32 * (sh.dense_per_block + sh.experts_per_block) if off == "all" else 0
     at_head = kept + headroom + head_unit + acts.head + BF16 * gathered + transit  # last block prefetched
@@ -322,15 +328,21 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     mb = choice.microbatch
 
     def rows() -> tuple[Row, ...]:
+        slices = f"a 1/{m.dp_replicate} slice of each shard on each replica (distributed optimizer)"
         where = f"on the host ({host / GIB:.1f} GiB of the {hw.host_gb:g} GB a GPU has, limit {hw.host_limit:.0%})"
         moments_note = {"none": "on the GPU", "moments": "on the host; two parameters' at a time on the GPU in the "
                         "update, after the backward", "all": "on the host",
-                        "replicas": f"a 1/{m.dp_replicate} slice on each replica (distributed optimizer)"}[off]
+                        "replicas": slices}[off]
         return (
-            Row("parameters (fp32 shards)", 0 if off == "all" else FP32 * params,
-                f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")),
-            Row("gradients (fp32 shards)", 0 if off == "all" else FP32 * params,
-                "on the host" if off == "all" else "sharded like the parameters (reduce-scatter every micro-batch)"),
+            Row("parameters (bf16 working shards)" if replicas else "parameters (fp32 shards)", weights,
+                f"{params / 1e9:.2f}B elements on the largest rank" + (", on the host" if off == "all" else "")
+                + (", gathered from the master slices once a step" if replicas else "")),
+            Row("fp32 master weights", master, slices if replicas else "the parameters are their own master"),
+            Row("gradients (fp32 shards)", grads,
+                "on the host" if off == "all" else
+                "accumulated in fp32 over the micro-batches, + the reduced 1/"
+                f"{m.dp_replicate} slice" if replicas else
+                "sharded like the parameters (reduce-scatter every micro-batch)"),
             Row("Adam moments (2 x fp32)", moments, moments_note),
             Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
                 f"{choice.checkpointing} checkpointing, {acts.source}"),

@@ -175,10 +175,11 @@ class ParallelConfig:
     `offload="moments"` (the anchor's choice at 535B) keeps the two AdamW moments of each rank's
     shards in pinned host memory and streams them through the device one parameter at a time for
     the update (steps/train/offload.py); weights and gradients stay on the device.
-    `offload="replicas"` keeps nothing on the host: the AdamW moments are sharded over the
-    `dp_replicate` replicas as well (a distributed optimizer, steps/train/replicas.py): gradients
-    reduce-scattered across replicas instead of all-reduced, each rank updating its slice and the
-    parameters all-gathered once a step.
+    `offload="replicas"` keeps nothing on the host: the fp32 master weights, the gradients and the
+    AdamW moments are sharded over the `dp_replicate` replicas as well (a distributed optimizer,
+    steps/train/replicas.py), the working weights in the compute dtype (bf16 on the GPU):
+    gradients summed in fp32 and reduce-scattered across replicas instead of all-reduced, each
+    rank updating its master slice and the working weights all-gathered once a step.
     `offload="all"` keeps the fp32 weight shards, their gradients and the AdamW state on the host
     (FSDP2's CPUOffloadPolicy): weights are copied to the device for each all-gather, gradients
     back after each reduce-scatter, and the optimizer step runs on the CPU. Neither is measured
@@ -192,7 +193,7 @@ class ParallelConfig:
     ep: int = 1
     checkpointing: str = "none"  # "none", "selective" (save matmul and all-to-all outputs), "full"
     offload: str = "none"  # "moments": AdamW moments in host memory; "all": weights, gradients too;
-    # "replicas": the moments sharded over dp_replicate (no host memory)
+    # "replicas": fp32 masters, gradients and moments sharded over dp_replicate (no host memory)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard"):

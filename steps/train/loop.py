@@ -43,7 +43,7 @@ from steps.train.health import row as health_row
 from steps.train.saving import Saver
 from steps.train.spikes import OK, REWIND, SpikeGuard
 from steps.train.watchdog import Watchdog
-from steps.train.parallel import arrange, clip_grad_norm, materialize, pick_device, pick_precision, unwrap
+from steps.train.parallel import arrange, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
 
 
@@ -89,8 +89,8 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     return parallel.wrap(model)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none",
-                    replicas: Any = None) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offload: str = "none") \
+        -> torch.optim.Optimizer:
     """AdamW; matrices decay, norms do not. Two parameter groups whatever the mesh, so an
     optimizer (and scheduler) state saved on one mesh loads on any other. With offload="moments",
     the moments live in host memory (steps/train/offload.py). Else fused on the GPU when every
@@ -100,11 +100,11 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device, offl
     decay = [p for p in model.parameters() if p.dim() >= 2]
     flat = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": flat, "weight_decay": 0.0}]
-    if offload == "replicas":  # the moments sharded over dp_replicate too (steps/train/replicas.py)
+    if offload == "replicas":  # master weights, gradients and moments over dp_replicate (steps/train/replicas.py)
         from steps.train.replicas import ReplicaShardedAdamW
 
         return ReplicaShardedAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                   weight_decay=cfg.weight_decay, **({"replicas": replicas} if replicas else {}))
+                                   weight_decay=cfg.weight_decay, shards=model.replica_shards)
     if offload == "moments":
         from steps.train.offload import HostMomentsAdamW
 
@@ -145,8 +145,7 @@ class Trainer:
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
         self.layers = unwrap(self.model).moe_layers()
-        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload,
-                                         getattr(self.parallel, "replicas", None))
+        self.optimizer = build_optimizer(unwrap(self.model), self.cfg.optimizer, self.device, pc.offload)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, self.cfg.optimizer.schedule(job.phases.total, job.phases.switch))
         self.context = job.phases.seq_len - 1
@@ -216,7 +215,7 @@ class Trainer:
                 step_ce += ce.detach()
         lr = self.scheduler.get_last_lr()[0]
         clip = self.cfg.optimizer.grad_clip or math.inf
-        grad_norm = clip_grad_norm(self.model.parameters(), clip, self.parallel.norm_group)
+        grad_norm = self.parallel.clip_grad_norm(self.model, clip)
         step_loss = step_ce / len(micro)
         if dist.is_initialized():  # every rank decides the same: the mean over data-parallel ranks
             dist.all_reduce(step_loss)

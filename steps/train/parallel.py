@@ -37,9 +37,11 @@ Components (`build_parallel`):
 - `FSDP`: everything else (bf16 always, and offload="all"): FSDP2 / HSDP with expert parallelism. Every
   micro-batch reduce-scatters its gradients (only sharded gradients are ever accumulated); with
   HSDP, the all-reduce across replicas waits for the last micro-batch.
-- `ShardedReplicas` (offload="replicas"): FSDP with a distributed optimizer across the replicas
-  (steps/train/replicas.py): the last micro-batch's gradients are reduce-scattered across
-  replicas instead of all-reduced, and the optimizer all-gathers the parameters once a step.
+- `ShardedReplicas` (offload="replicas"): FSDP2 over dp_shard with a distributed optimizer across
+  the replicas (steps/train/replicas.py): working weights in the compute dtype, fp32 master
+  weights, gradient slices and moments sharded over dp_replicate; the gradients accumulated in
+  fp32, reduce-scattered across replicas instead of all-reduced, the parameters all-gathered once
+  a step.
 
 Precision: bf16 on the GPU, fp32 on the CPU. bf16 always goes through FSDP2's policy (parameters
 gathered in bf16, gradients reduced in fp32, fp32 master weights; a 1-rank process group when
@@ -257,6 +259,11 @@ class Single:
     def sync(self, model: nn.Module, last: bool) -> Iterator[None]:
         yield
 
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip the step's gradients to a global norm of `max_norm` (inf: measure only); the
+        norm before clipping."""
+        return clip_grad_norm(model.parameters(), max_norm, self.norm_group)
+
 
 class DDP(Single):
     """Plain data parallelism in fp32 (dp_shard 1, ep 1): DistributedDataParallel, which
@@ -305,26 +312,36 @@ class FSDP(Single):
 
 
 class ShardedReplicas(FSDP):
-    """FSDP2 / HSDP whose replicas share the optimizer state (`offload="replicas"`,
-    steps/train/replicas.py): no all-reduce across replicas; after the last micro-batch each
-    rank keeps its slice of the gradients summed over its replicas, so gradient norms are
-    summed over every rank."""
+    """FSDP2 over dp_shard with a distributed optimizer across the replicas
+    (`offload="replicas"`, steps/train/replicas.py): fp32 master weights, gradients and moments
+    sharded over dp_replicate; the working weights in the compute dtype. Each rank's reduced
+    gradient slices partition the gradient, so gradient norms are summed over every rank."""
 
     def __init__(self, meshes: Meshes, precision: str) -> None:
         from steps.train.replicas import Replicas
 
         super().__init__(meshes, precision)
         self.replicas = Replicas.of(meshes.dense)
-        if self.replicas.size > 1:  # every rank owns a slice of every gradient shard
+        if self.replicas.size > 1:
             self.norm_group = dist.group.WORLD
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from steps.train.replicas import shard_over_replicas
+
+        return shard_over_replicas(model, self.replicas, self.precision)
 
     @contextlib.contextmanager
     def sync(self, model: nn.Module, last: bool) -> Iterator[None]:
-        from steps.train.replicas import reduce_gradients
-
+        # FSDP2 reduce-scatters every micro-batch over dp_shard; the fp32 accumulation and, on
+        # the last micro-batch, the reduce-scatter over the replicas run from its gradient hooks
+        shards = model.replica_shards
+        shards.last = last
         yield
         if last:
-            reduce_gradients(model.parameters(), self.replicas)
+            shards.finish()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        return model.replica_shards.clip(max_norm, self.norm_group)
 
 
 def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,

@@ -1,32 +1,41 @@
-"""A distributed optimizer across the data-parallel replicas (`offload="replicas"`): AdamW's
-state sharded over `dp_replicate` as well as `dp_shard`, Megatron-Core's distributed optimizer
-(ZeRO-1 with the gradient reduce-scattered) on top of FSDP2 / HSDP.
+"""A distributed optimizer across the data-parallel replicas (`offload="replicas"`): fp32 master
+weights, gradients and AdamW's moments sharded over `dp_replicate` as well as `dp_shard`
+(Megatron-Core's distributed optimizer, ZeRO-1/2 across the replicas) on top of FSDP2.
 
-Under plain HSDP every replica holds the same shard of every parameter, of its gradient and of
-its two moments, and all-reduces the gradient shards across replicas once a step. Here:
+FSDP2 shards over dp_shard only (its mesh has no replica dimension, so it never all-reduces across
+replicas). What each rank holds, for its FSDP2 shard of every parameter (`numel` elements):
 
-- FSDP2 shards over dp_shard only (its mesh has no replica dimension, so it never all-reduces
-  across replicas): after the last micro-batch each replica holds its own sum of the gradient
-  shard;
-- `reduce_gradients` splits each local gradient shard, flattened, into `dp_replicate` equal
-  slices (the last ones short or empty), reduce-scatters it over the replica group, and leaves
-  in the gradient only this rank's slice of the sum (zeros elsewhere, so a norm summed over all
-  ranks is the global norm and clipping scales what is owned);
-- `ReplicaShardedAdamW.step` updates only that slice of the parameter with moments of the
-  slice's size, then all-gathers the updated slices over the replica group, once a step.
+- the working parameter FSDP2 gathers each block: in the run's compute dtype (bf16 when the run is
+  bf16, so 2 bytes; fp32 otherwise, 4);
+- an fp32 gradient accumulator of the whole shard (4 bytes): FSDP2 reduce-scatters each
+  micro-batch's gradient over dp_shard in fp32; its all-reduce hook (per parameter group, run on
+  the fp32 output before FSDP2 casts it to the working dtype) adds each shard into the
+  accumulator, and a post-accumulate-grad hook drops FSDP2's cast copy, so gradients are summed
+  in fp32 whatever the working dtype;
+- after the last micro-batch, the accumulator is reduce-scattered over the replica group: each
+  rank keeps the fp32 sum of its 1/R slice (`_slice`: the flat shard cut into R equal chunks, the
+  last ones short or empty). The hook starts each parameter's reduce-scatter as soon as FSDP2 hands
+  over its last gradient (async work handles), so they run beside the rest of the backward; the
+  step waits for them after it;
+- the fp32 master weights of its slice (4/R bytes; with an fp32 working dtype the working shard is
+  its own master, and the slice is a view into it) and AdamW's two moments of the slice (8/R).
 
-Bytes across racks: a reduce-scatter plus an all-gather of the fp32 shard, which is what the
-ring all-reduce they replace moves. Memory a GPU: the moments fall from 8 to 8/dp_replicate
-bytes a parameter, with nothing on the host. The fp32 weights stay whole on every replica (they
-are what FSDP gathers each block), so they are their own master copy.
+The step: the gradient norm is summed over every rank's slices (one all-reduce over the world),
+the slices are clipped, AdamW updates the master slice, and the updated slices are all-gathered
+over the replica group into the working shard, in the working dtype, once a step.
 
-The slices are a function of the local shard's size, the replica count and the replica's place
-in it (`_slice`), the same in the reduce, the update and a checkpoint. Checkpoints: `state_dict`
-gathers each moment back to the parameter's shard, as a DTensor of the parameter's layout, so
-torch.distributed.checkpoint saves the same keys and full logical tensors as a plain AdamW: a
-checkpoint written on this optimizer loads on any mesh and optimizer, and the other way round.
-On gloo (the CPU tests) the reduce-scatter is an all-reduce of which each rank keeps its slice:
-with two replicas a sum of two, the same bits.
+Bytes across racks a step: a reduce-scatter of the fp32 shard plus an all-gather in the working
+dtype, which is at most what the ring all-reduce of plain HSDP moves (fp32 both ways).
+
+Numerics: every sum is the one plain HSDP makes, in fp32 (on gloo the reduce-scatter is an
+all-reduce of which each rank keeps its slice; with two replicas a sum of two, the same bits);
+in bf16 the master slices and the update are fp32, as plain bf16 HSDP's whole fp32 weights are.
+
+Checkpoints hold plain AdamW's keys and full logical tensors: the optimizer's `state_dict` gathers
+each moment back to its parameter's shard as a DTensor of the parameter's layout, and, when the
+working dtype is not fp32, the model's state dict (a hook) holds the fp32 master weights gathered
+the same way, not the working copy; loading (a load pre-hook) puts the fp32 values back into the
+master slices. A checkpoint written here loads on any mesh and optimizer, and the other way round.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+
 
 def _local(t: Tensor) -> Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
@@ -70,72 +80,236 @@ def _slice(numel: int, replicas: int, index: int) -> tuple[int, int, int]:
     return start, min(numel, start + chunk), chunk
 
 
-def _reduce_scatter(flat: Tensor, group: Any, replicas: int, index: int) -> Tensor:
-    """This rank's slice of the sum of `flat` over `group`."""
-    start, stop, chunk = _slice(flat.numel(), replicas, index)
-    if dist.get_backend(group) == "gloo":  # gloo has no reduce-scatter of one tensor
-        total = flat.clone()
-        dist.all_reduce(total, group=group)
-        return total[start:stop]
-    padded = torch.zeros(chunk * replicas, dtype=flat.dtype, device=flat.device)
-    padded[:flat.numel()] = flat
-    out = torch.empty(chunk, dtype=flat.dtype, device=flat.device)
-    dist.reduce_scatter_tensor(out, padded, group=group)
-    return out[:stop - start]
+def _gloo(group: Any) -> bool:
+    return dist.get_backend(group) == "gloo"
 
 
-def _all_gather(flat: Tensor, group: Any, replicas: int, index: int) -> None:
-    """Every replica's updated slice of `flat`, in place."""
-    start, stop, chunk = _slice(flat.numel(), replicas, index)
-    mine = torch.zeros(chunk, dtype=flat.dtype, device=flat.device)
-    mine[:stop - start] = flat[start:stop]
-    whole = torch.empty(chunk * replicas, dtype=flat.dtype, device=flat.device)
-    if dist.get_backend(group) == "gloo":
-        dist.all_gather(list(whole.chunk(replicas)), mine, group=group)
-    else:
-        dist.all_gather_into_tensor(whole, mine, group=group)
-    flat.copy_(whole[:flat.numel()])
+class ReplicaShards:
+    """The replica-sharded state of one FSDP2-sharded model (see the module docstring): master
+    slices, fp32 gradient accumulators, the reduced gradient slices of the current step. Built
+    once after the model was materialized in fp32 (`shard_over_replicas`)."""
+
+    def __init__(self, model: nn.Module, replicas: Replicas, dtype: torch.dtype) -> None:
+        self.replicas, self.dtype = replicas, dtype
+        self.names = {p: name for name, p in model.named_parameters()}
+        self.params = list(self.names)
+        self.bounds = {p: _slice(_local(p).numel(), replicas.size, replicas.index) for p in self.params}
+        self.acc: dict[Tensor, Tensor] = {}  # fp32, padded to R chunks, allocated on first use
+        self.seen: set[Tensor] = set()  # accumulated into this step
+        self.grads: dict[Tensor, Tensor] = {}  # this rank's reduced fp32 slice, once the step's backward is done
+        self.pending: list[tuple[Tensor, Any, Tensor]] = []
+        self.last = True  # the micro-batch running is the step's last: reduce as gradients arrive
+        self.separate = any(p.is_floating_point() and p.dtype != dtype for p in self.params)
+        # the fp32 master slices: copies when the working dtype is not fp32, else views of the weights
+        self.master = {p: self._flat(p)[s:e].detach().float().clone() if self.separate else self._flat(p)[s:e]
+                       for p, (s, e, _) in self.bounds.items()}
+        if self.separate:
+            _cast_parameters(model, dtype)  # FSDP2 re-registers its shards (FSDPModule._apply)
+            if [id(p) for p in model.parameters()] != [id(p) for p in self.params]:
+                raise RuntimeError("casting the working weights replaced the parameter objects")
+            # plain functions: torch marks a public hook with an attribute, which a bound method refuses
+            model.register_state_dict_post_hook(lambda *args: self._state_dict_hook(*args))
+            model.register_load_state_dict_pre_hook(lambda *args: self._load_hook(*args))
+        self._hook_groups(model)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._take_grad)
+
+    @staticmethod
+    def _flat(p: Tensor) -> Tensor:
+        return _local(p).detach().view(-1)
+
+    # -- gradients --------------------------------------------------------------------------------
+    def _hook_groups(self, model: nn.Module) -> None:
+        """Take each FSDP2 parameter group's reduce-scattered gradients in their reduce dtype (fp32),
+        before FSDP2 casts them to the working dtype: its all-reduce hook (the hook a custom
+        replica reduction is meant to use) sees the group's flat output, one padded chunk a
+        parameter in the group's order."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    params = [fp.sharded_param for fp in group.fsdp_params]
+                    sizes = [fp.padded_sharded_param_size.numel() for fp in group.fsdp_params]
+                    group._all_reduce_hook = (lambda out, params=params, sizes=sizes:
+                                              self._accumulate(params, sizes, out))
+
+    @torch.no_grad()
+    def _accumulate(self, params: list[Tensor], sizes: list[int], reduced: Tensor) -> None:
+        """One micro-batch's dp_shard-reduced gradients of a parameter group, in fp32, into the
+        accumulators (FSDP2 runs this on its reduce stream, before its cast)."""
+        if reduced.numel() != sum(sizes):  # a parameter without a gradient shifts the layout
+            raise RuntimeError(f"offload='replicas': a parameter group reduced {reduced.numel()} elements, its "
+                               f"{len(params)} parameters' shards hold {sum(sizes)}; every parameter must have a "
+                               f"gradient every micro-batch")
+        offset = 0
+        for p, size in zip(params, sizes):
+            n = _local(p).numel()
+            grad = reduced[offset:offset + n]
+            offset += size
+            acc = self.acc.get(p)
+            if acc is None:
+                _, _, chunk = self.bounds[p]
+                acc = self.acc[p] = torch.zeros(chunk * self.replicas.size, dtype=torch.float32, device=grad.device)
+            if p in self.seen:
+                acc[:n].add_(grad)
+            else:
+                acc[:n].copy_(grad)
+                self.seen.add(p)
+
+    @torch.no_grad()
+    def _take_grad(self, p: Tensor) -> None:
+        """FSDP2 has handed over `p`'s gradient shard of one micro-batch, cast to the working
+        dtype: dropped (the fp32 sum is in the accumulator); on the last micro-batch, start its
+        reduce-scatter over the replicas."""
+        p.grad = None
+        if p not in self.seen:
+            raise RuntimeError(f"offload='replicas': {self.names[p]} got a gradient its group's reduce did not pass on")
+        if self.last:
+            self._launch(p)
+
+    def _launch(self, p: Tensor) -> None:
+        r, acc = self.replicas, self.acc[p]
+        start, stop, chunk = self.bounds[p]
+        if r.group is None:
+            self.pending.append((p, None, acc[start:stop]))
+        elif _gloo(r.group):  # gloo has no reduce-scatter of one tensor: all-reduce, keep the slice
+            self.pending.append((p, dist.all_reduce(acc, group=r.group, async_op=True), acc[start:stop]))
+        else:
+            out = torch.empty(chunk, dtype=acc.dtype, device=acc.device)
+            work = dist.reduce_scatter_tensor(out, acc, group=r.group, async_op=True)
+            self.pending.append((p, work, out[:stop - start]))
+
+    def finish(self) -> None:
+        """Wait for the step's reduce-scatters; the reduced slices are then `grads`. Every rank of
+        a replica group launches the same parameters in the same order (FSDP2's reduce order)."""
+        for p, work, out in self.pending:
+            if work is not None:
+                work.wait()
+                if out.is_cuda:  # made on the reduce-scatter stream, used and freed on this one
+                    out.record_stream(torch.cuda.current_stream())
+            self.grads[p] = out
+        self.pending.clear()
+        self.seen.clear()
+
+    def clear(self) -> None:
+        """Drop the step's gradients (after the update, or when the update is skipped)."""
+        self.grads.clear()
+        self.seen.clear()
+        self.pending.clear()
+
+    def clip(self, max_norm: float, group: Any) -> Tensor:
+        """The global L2 norm of the gradients (each rank's slices partition the gradient: the
+        squares are summed over `group`, every rank); the slices are scaled to `max_norm` (inf:
+        measure only). Returns the norm before clipping, an fp32 tensor."""
+        import math
+
+        slices = [self.grads[p] for p in self.params if p in self.grads]
+        device = next(iter(self.master.values())).device if self.master else torch.device("cpu")
+        square = (torch.stack(torch._foreach_norm(slices, 2.0)).square().sum() if slices
+                  else torch.zeros((), dtype=torch.float32, device=device))
+        if group is not None:
+            dist.all_reduce(square, group=group)
+        total = square.sqrt()
+        if math.isfinite(max_norm) and slices:
+            torch._foreach_mul_(slices, float((max_norm / (total + 1e-6)).clamp(max=1.0)))
+        return total
+
+    # -- weights ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def publish(self, p: Tensor) -> None:
+        """All-gather every replica's updated master slice of `p` into its working shard, in the
+        working dtype (a collective over the replica group)."""
+        r, flat = self.replicas, self._flat(p)
+        start, stop, chunk = self.bounds[p]
+        if self.separate:
+            flat[start:stop].copy_(self.master[p])
+        if r.group is None:
+            return
+        mine = torch.zeros(chunk, dtype=flat.dtype, device=flat.device)
+        mine[:stop - start] = flat[start:stop]
+        whole = torch.empty(chunk * r.size, dtype=flat.dtype, device=flat.device)
+        if _gloo(r.group):
+            dist.all_gather(list(whole.chunk(r.size)), mine, group=r.group)
+        else:
+            dist.all_gather_into_tensor(whole, mine, group=r.group)
+        flat.copy_(whole[:flat.numel()])
+
+    def whole(self, p: Tensor, mine: Tensor) -> Tensor:
+        """A slice-sized tensor of `p` (a master slice, a moment) gathered over the replicas into
+        the shape of `p`'s shard, as a DTensor of `p`'s layout (a collective)."""
+        r, local = self.replicas, _local(p)
+        start, stop, chunk = self.bounds[p]
+        padded = torch.zeros(chunk * r.size, dtype=mine.dtype, device=mine.device)
+        padded[start:stop] = mine
+        if r.group is not None:
+            piece = padded[r.index * chunk:(r.index + 1) * chunk].clone()
+            if _gloo(r.group):
+                dist.all_gather(list(padded.chunk(r.size)), piece, group=r.group)
+            else:
+                dist.all_gather_into_tensor(padded, piece, group=r.group)
+        # to the host at once: a save then holds one parameter's gathered shard on the device at a
+        # time, not all of them (12 bytes a parameter with the masters, 93 GiB at 535B); the host
+        # copy is what an async save's staging makes anyway
+        shard = padded[:local.numel()].view(local.shape).cpu()
+        if not hasattr(p, "device_mesh"):
+            return shard
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+    def _state_dict_hook(self, module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+        """The model's weights as the fp32 masters, not the working copy (every rank calls it)."""
+        for p in self.params:
+            key = prefix + self.names[p]
+            if key in state_dict:
+                state_dict[key] = self.whole(p, self.master[p])
+
+    @torch.no_grad()
+    def _load_hook(self, module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+        """Loaded weights (fp32 when they came through `_state_dict_hook`'s tensors, possibly on
+        the host) into the master slices and, cast, into the working shards; the entry is then
+        the parameter itself, so load_state_dict's own copy changes nothing."""
+        for p in self.params:
+            key = prefix + self.names[p]
+            value = state_dict.get(key)
+            if value is not None:
+                start, stop, _ = self.bounds[p]
+                loaded = _local(value).reshape(-1)
+                self.master[p].copy_(loaded[start:stop])
+                self._flat(p).copy_(loaded)
+                state_dict[key] = p.detach()
 
 
-@torch.no_grad()
-def reduce_gradients(params: Any, replicas: Replicas) -> None:
-    """Sum each gradient shard over the replicas, keeping this rank's slice (zeros elsewhere).
-    A collective over the replica group; call once a step, after the last backward."""
-    if replicas.group is None:
-        return
-    for p in params:
-        if p.grad is None:
-            continue
-        flat = _local(p.grad).view(-1)
-        mine = _reduce_scatter(flat, replicas.group, replicas.size, replicas.index)
-        start, stop, _ = _slice(flat.numel(), replicas.size, replicas.index)
-        flat.zero_()
-        flat[start:stop] = mine
+def _cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """The floating-point parameters to `dtype`, the buffers (rotary tables, expert loads) as they are."""
+    model._apply(lambda t: t.to(dtype) if isinstance(t, nn.Parameter) and t.is_floating_point() else t)
+
+
+def shard_over_replicas(model: nn.Module, replicas: Replicas, precision: str) -> nn.Module:
+    """Give an FSDP2-sharded model, materialized in fp32, its replica-sharded state (its working
+    weights become bf16 for a bf16 run); returns the model, the state at `model.replica_shards`."""
+    model.replica_shards = ReplicaShards(model, replicas, torch.bfloat16 if precision == "bf16" else torch.float32)
+    return model
 
 
 class ReplicaShardedAdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (decoupled weight decay, no amsgrad) whose moments hold only this
-    rank's slice of its parameter shard; each step updates that slice and all-gathers the
-    parameter over the replicas. The gradients must have been through `reduce_gradients`."""
+    """torch.optim.AdamW (decoupled weight decay, no amsgrad) over `shards`: the update of each
+    parameter is that of its fp32 master slice from its reduced gradient slice, with moments of
+    the slice's size; the updated slices are then all-gathered into the working weights."""
 
     def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                 replicas: Replicas = ONE) -> None:
+                 shards: ReplicaShards) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False, fused=False)
-        self.replicas = replicas
-
-    def _bounds(self, p: Tensor) -> tuple[Any, int, int, int, int]:
-        r = self.replicas
-        start, stop, _ = _slice(_local(p).numel(), r.size, r.index)
-        return r.group, r.size, r.index, start, stop
+        self.shards = shards
 
     def _state_of(self, p: Tensor) -> dict[str, Tensor]:
         state = self.state[p]
         if not state:
-            _, _, _, start, stop = self._bounds(p)
-            local = _local(p)
+            master = self.shards.master[p]
             state["step"] = torch.tensor(0.0, dtype=torch.float32)  # on the CPU, as AdamW keeps it
-            state["exp_avg"] = torch.zeros(stop - start, dtype=local.dtype, device=local.device)
-            state["exp_avg_sq"] = torch.zeros(stop - start, dtype=local.dtype, device=local.device)
+            state["exp_avg"] = torch.zeros_like(master, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(master, dtype=torch.float32)
         return state
 
     @torch.no_grad()
@@ -149,18 +323,22 @@ class ReplicaShardedAdamW(torch.optim.AdamW):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                grad = self.shards.grads.get(p)
+                if grad is None:
+                    if p.grad is not None:  # DCP's state init (a step of zero gradients at lr 0)
+                        self._state_of(p)
                     continue
                 s = self._state_of(p)
-                pg, replicas, index, start, stop = self._bounds(p)
-                flat = _local(p).view(-1)
-                adam([flat[start:stop]], [_local(p.grad).view(-1)[start:stop]], [s["exp_avg"]], [s["exp_avg_sq"]],
-                     [], [s["step"]], foreach=False, capturable=False, differentiable=False, fused=False,
-                     has_complex=False, decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2,
-                     lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
-                if pg is not None:
-                    _all_gather(flat, pg, replicas, index)
+                adam([self.shards.master[p]], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]],
+                     foreach=False, capturable=False, differentiable=False, fused=False, has_complex=False,
+                     decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                self.shards.publish(p)
         return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        self.shards.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """AdamW's state dict with each moment gathered back to its parameter's shard, a DTensor
@@ -172,22 +350,9 @@ class ReplicaShardedAdamW(torch.optim.AdamW):
             entry = sd["state"].get(idx)
             if not entry:
                 continue
-            sd["state"][idx] = {k: (self._whole(p, v) if k in ("exp_avg", "exp_avg_sq") else v) for k, v in entry.items()}
+            sd["state"][idx] = {k: (self.shards.whole(p, v) if k in ("exp_avg", "exp_avg_sq") else v)
+                                for k, v in entry.items()}
         return sd
-
-    def _whole(self, p: Tensor, mine: Tensor) -> Tensor:
-        pg, replicas, index, start, stop = self._bounds(p)
-        local = _local(p)
-        flat = torch.zeros(local.numel(), dtype=mine.dtype, device=mine.device)
-        flat[start:stop] = mine
-        if pg is not None:
-            _all_gather(flat, pg, replicas, index)
-        whole = flat.view(local.shape)
-        if not hasattr(p, "device_mesh"):
-            return whole
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(whole, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as AdamW does, keeping of each moment only this rank's slice."""
@@ -198,9 +363,9 @@ class ReplicaShardedAdamW(torch.optim.AdamW):
         super().load_state_dict({**state_dict, "state": slim})
         for idx, p in zip(ids, params):
             entry = state_dict["state"].get(idx, {})
-            _, _, _, start, stop = self._bounds(p)
-            local = _local(p)
+            start, stop, _ = self.shards.bounds[p]
+            master = self.shards.master[p]
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in entry:
-                    value = _local(entry[key]).to(device=local.device, dtype=local.dtype).reshape(-1)
+                    value = _local(entry[key]).to(device=master.device, dtype=torch.float32).reshape(-1)
                     self.state[p][key] = value[start:stop].clone()

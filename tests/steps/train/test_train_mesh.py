@@ -10,7 +10,8 @@ sharded there and initialized by parameter name. Then the ep=4 run's step-10 che
 loaded on the HSDP mesh, on 2 processes as ep=2 (which resume from it and train on), and on one
 process (which resumes too). The same HSDP mesh with AdamW sharded over its replicas
 (`offload="replicas"`, issue 22) trains from scratch and is held to one process in loss,
-gradient norm and weights; one process resumes from its step-10 checkpoint.
+gradient norm and weights; one process resumes from its step-10 checkpoint. In bf16, on 2
+processes as dp_replicate 2, it is held to plain bf16 HSDP and its checkpoint to its fp32 masters.
 
 Racks: a `ray.cluster_utils.Cluster` whose two nodes carry the rack labels "r1" and "r0"
 (rack_host.py, a process of its own), a pretrain step on 4 Ray Train workers (gloo) as
@@ -45,6 +46,12 @@ TOLERANCE = 1e-5  # relative difference of a step's loss
 # the difference over the norm), and the replica-sharded optimizer the same to two digits.
 NORM_TOLERANCE = 2e-4
 WEIGHT_TOLERANCE = 2e-4
+# bf16 (issue 22): the distributed optimizer against plain bf16 HSDP on the same 2 processes,
+# measured 0 on losses, 5e-7 on norms, 3.5e-8 on weights after 20 steps. Against one fp32 process
+# either is 2.7e-3 off in loss by step 20, its norms 16% apart at step 5 and 10x at a step-12
+# spike of the bf16 runs only (bf16 compute, not the optimizer): held to bf16 HSDP, the
+# fp32 comparison is bench/mesh_equality.py's.
+BF16_TOLERANCE = 1e-5
 RACK_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rack_host.py")
 
 
@@ -84,6 +91,17 @@ def runs(tokens, racks, tmp_path_factory):
     # sharded over dp_replicate, from scratch; it loads the ep=4 checkpoint too
     out["replicas"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2, offload="replicas"),
                                       microbatch=2), str(root / "replicas"), 4, load=ckpt)
+    # bf16 on 2 processes as dp_replicate 2, plain HSDP (fp32 weights whole on each replica) and the
+    # distributed optimizer (bf16 working weights, fp32 master slices, gradients accumulated in
+    # fp32 over 4 micro-batches); the latter's step-20 checkpoint is loaded back into a fresh model
+    # (5 steps each: the suite's time; bench/mesh_equality.py runs the pair for 20)
+    short = make_mixture(tokens, root / "mix-5", sequences=80, stages=((1.0, {"kjv": 1.0}),))
+    bf16 = dict(microbatch=2, precision="bf16")
+    out["hsdp-bf16"] = run_mesh(config(short, ParallelConfig(dp_replicate=2, dp_shard=1), **bf16),
+                                str(root / "hsdp-bf16"), 2)
+    out["replicas-bf16"] = run_mesh(config(short, ParallelConfig(dp_replicate=2, dp_shard=1, offload="replicas"), **bf16),
+                                    str(root / "replicas-bf16"), 2,
+                                    load=str(root / "replicas-bf16" / "checkpoints" / "step-5"))
     for name, pc, workers, source in (("ep2-resumed", ParallelConfig(ep=2), 2, "ep4"),
                                       ("one-resumed", ParallelConfig(), 1, "ep4"),
                                       ("ep2-moments", ParallelConfig(ep=2, offload="moments"), 2, "ep4"),
@@ -208,3 +226,24 @@ def test_a_replica_sharded_checkpoint_reshards_to_and_from_any_mesh(runs, tmp_pa
     assert all(sharded[k].shape == plain[k].shape for k in plain if hasattr(plain[k], "shape"))
     moments = [k for k in plain if k.endswith(".exp_avg")]
     assert max(float((sharded[k] - plain[k]).norm() / plain[k].norm()) for k in moments) <= WEIGHT_TOLERANCE
+
+
+def test_the_distributed_optimizer_in_bf16_keeps_fp32_master_slices(runs, tmp_path):
+    """bf16 working weights, fp32 master weights sharded over the replicas: the same run as plain
+    bf16 HSDP (whose fp32 weights are whole on each replica) within BF16_TOLERANCE in loss,
+    gradient norm and weights over 5 steps. Its checkpoint holds the fp32 masters, which load
+    back bitwise."""
+    got, plain = runs["replicas-bf16"], runs["hsdp-bf16"]
+    assert sorted(losses(got)) == list(range(1, 6))
+    _close(losses(got), losses(plain), range(1, 6))
+    want_norm, got_norm = metric(plain, "grad_norm"), metric(got, "grad_norm")
+    assert all(abs(got_norm[s] - want_norm[s]) <= BF16_TOLERANCE * want_norm[s] for s in range(1, 6))
+    want, have = _state(plain, "final"), _state(got, "final")
+    assert max(float((have[k] - want[k]).norm() / want[k].norm()) for k in want) <= BF16_TOLERANCE
+    # the checkpoint's weights are the fp32 masters, not the bf16 working copy, and load back as they were
+    saved = _checkpoint(got, 5, tmp_path)
+    w = saved["model.blocks.0.moe.w1_EFD"]
+    assert w.dtype == torch.float32 and (w != w.bfloat16().float()).float().mean() > 0.5
+    _same(_state(got, "final"), _state(got, "loaded"))
+    assert torch.equal(_state(got, "final")["blocks.0.moe.w1_EFD"], w)
+    assert not torch.equal(w, _state(got, "init")["blocks.0.moe.w1_EFD"])  # it trained
