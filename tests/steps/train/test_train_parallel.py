@@ -215,7 +215,9 @@ def _train_steps(pc, steps=4, weights=None):
     parallel = build_parallel(pc, torch.device("cpu"), "fp32")
     try:
         model = build_model(FOUR, 5, torch.device("cpu"), parallel)
-        optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2), torch.device("cpu"))
+        # the optimizer the trainer builds for this setting (HostMomentsAdamW for "moments")
+        offload = pc.offload if pc.offload in ("moments", "replicas") else "none"
+        optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2), torch.device("cpu"), offload)
         tokens = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
         losses = []
         for _ in range(steps):  # one batch again and again: the loss must fall
@@ -244,9 +246,22 @@ def test_offloaded_state_trains_like_one_process():
 
 
 def test_host_moments_are_bitwise_plain_adamw_on_the_cpu():
+    from steps.train.offload import HostMomentsAdamW
+
     plain, host = {}, {}
-    assert _train_steps(ParallelConfig(), weights=plain) == _train_steps(ParallelConfig(offload="moments"),
-                                                                         weights=host)
+    host_opts = []
+    real = HostMomentsAdamW.__init__
+
+    def seen(self, *a, **k):  # the moments run really went through the host optimizer
+        host_opts.append(self)
+        real(self, *a, **k)
+    HostMomentsAdamW.__init__ = seen
+    try:
+        moments = _train_steps(ParallelConfig(offload="moments"), weights=host)
+    finally:
+        HostMomentsAdamW.__init__ = real
+    assert len(host_opts) == 1
+    assert _train_steps(ParallelConfig(), weights=plain) == moments
     assert plain.keys() == host.keys() and all(torch.equal(plain[k], host[k]) for k in plain)
 
 
