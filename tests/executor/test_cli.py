@@ -325,3 +325,15 @@ def test_only_help_reads_the_voyage_source_for_field_help(tmp_path, capsys, monk
     assert code == 0
     assert "how many steps the voyage makes" in out and "how deep the inner thing goes" in out
     assert "Cfg" in read
+
+
+def test_the_collector_paused_for_planning_is_running_again_after(tmp_path, capsys):
+    """main() pauses the cyclic garbage collector while it plans (no cycles, many objects); a
+    caller in the same process gets it back running, after a plan and after an error."""
+    import gc
+
+    assert gc.isenabled()
+    code, _, _ = run_cli([HELLO, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    assert code == 0 and gc.isenabled()
+    code, _, _ = run_cli([str(tmp_path / "missing.py"), "--dry-run"], capsys)
+    assert code == 2 and gc.isenabled()
