@@ -19,9 +19,12 @@ each layer dated after the one before (Snakemake has no metadata records for the
 mtime check applies; a real Snakemake run of 3,000 `run:` jobs takes a process a job, many
 minutes here). So what is timed is a plan over outputs that exist and are up to date:
 all CACHED for us, "Nothing to be done" for Snakemake, nothing scheduled for Luigi. Times are
-wall seconds and CPU seconds (user + system of the child, from `getrusage`), the median of the
-reps, the three tools interleaved within each rep so they share the machine's load. The CPU
-ratio is the steadier figure on a loaded machine.
+wall seconds and CPU seconds (user + system of the child and what it waited for, from
+`getrusage`), the median of the reps, the three tools interleaved within each rep so they share
+the machine's load; each command runs once untimed first (Python's bytecode written, as on any
+machine that ran it before; our fingerprint cache filled). "marin-run, cold cache" is ours with
+an empty fingerprint cache: the first plan after the voyage file (or any module its steps
+reach) was edited. The CPU ratio is the steadier figure on a loaded machine.
 """
 
 from __future__ import annotations
@@ -202,10 +205,20 @@ def write_outputs(folder: str, dag: list[tuple[str, tuple[str, ...]]]) -> None:
         os.utime(path, (stamp, stamp))
 
 
-def _env() -> dict[str, str]:
+WORK = os.path.join(os.environ.get("TMPDIR", "/tmp"), "marin-bench-plan-peers")
+
+
+def _env(fingerprint_cache: str | None = None) -> dict[str, str]:
+    """Every tool's environment: bytecode cached as Python does by default (in a folder of the
+    bench's, so no `__pycache__` is written into the checkout or the venv; a shell that sets
+    PYTHONDONTWRITEBYTECODE would make every import compile), and our fingerprint cache in the
+    bench's folder too (or `fingerprint_cache`)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("RAY_ADDRESS", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(WORK, "pycache")
+    env["MARIN_CACHE"] = fingerprint_cache or os.path.join(WORK, "marin-cache")
     return env
 
 
@@ -219,12 +232,13 @@ def _setup_run(tool: str, cmd: list[str], cwd: str, env: dict[str, str]) -> None
 
 # -- timing -----------------------------------------------------------------------------------------
 
-def timed(cmd: list[str], cwd: str, check: str) -> tuple[float, float, str]:
+def timed(cmd: list[str], cwd: str, check: str, env: dict[str, str] | None = None) -> tuple[float, float, str]:
     """(wall s, CPU s of the child and what it waited for, stdout) of one run; `check` must be
     in its output (the plan really is all up to date)."""
+    env = env or _env()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -233,6 +247,9 @@ def timed(cmd: list[str], cwd: str, check: str) -> tuple[float, float, str]:
         raise SystemExit(f"{' '.join(cmd)} (in {cwd}): exit {proc.returncode}, {check!r} not in its output:\n"
                          f"{text[-3000:]}")
     return wall, cpu, text
+
+
+OURS, COLD = "marin-run --dry-run", "marin-run, cold cache"
 
 
 def checks(n: int) -> dict[str, str]:
@@ -246,32 +263,46 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 3000])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "marin-bench-plan-peers"),
-                    help="where the generated DAGs and their outputs live (kept between runs)")
+    ap.add_argument("--work", default=None, help="where the generated DAGs and their outputs live (kept between runs)")
     args = ap.parse_args(argv)
+    global WORK
+    WORK = args.work = args.work or WORK
     rows = []
     for n in args.sizes:
         cmds, cwds = prepare(args.work, n)
         expect = checks(n)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
-        for _ in range(args.reps):
+        expect[COLD] = expect[OURS]
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in (OURS, COLD, *cmds)}
+        times = {name: times[name] for name in (OURS, *cmds, COLD)}  # the order of the table
+        for name, cmd in cmds.items():  # once untimed: bytecode and our fingerprint cache written
+            timed(cmd, cwds[name], expect[name])
+        for rep in range(args.reps):
             for name, cmd in cmds.items():  # interleaved: the same load for the three
                 wall, cpu, _ = timed(cmd, cwds[name], expect[name])
                 times[name].append((wall, cpu))
+            # ours again with an empty fingerprint cache: the first plan after an edit of the voyage
+            cold = os.path.join(args.work, f"cold-cache-{n}-{rep}")
+            shutil.rmtree(cold, ignore_errors=True)
+            wall, cpu, _ = timed(cmds[OURS], cwds[OURS], expect[OURS], env=_env(cold))
+            shutil.rmtree(cold, ignore_errors=True)
+            times[COLD].append((wall, cpu))
         med = {name: (statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts))
                for name, ts in times.items()}
         rows.append((n, med))
     load = os.getloadavg()
     print(f"whole-process planning, layered DAG, all up to date; median of {args.reps} interleaved reps; "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {os.cpu_count()} cores")
-    print(f"{'steps':>6}  {'tool':<20} {'wall s':>7} {'CPU s':>7}  {'peer/ours wall':>14} {'peer/ours CPU':>13}")
+    print(f"{'steps':>6}  {'tool':<22} {'wall s':>7} {'CPU s':>7}  {'peer/ours wall':>14} {'peer/ours CPU':>13}")
     for n, med in rows:
-        ours = med["marin-run --dry-run"]
+        ours = med[OURS]
         for name, (wall, cpu) in med.items():
             ratio = "" if name.startswith("marin") else f"{wall / ours[0]:>13.1f}x {cpu / ours[1]:>12.1f}x"
-            print(f"{n:>6,}  {name:<20} {wall:>7.2f} {cpu:>7.2f}  {ratio}")
-        print(f"{'':>6}  ours at the margin: {ours[0] / n * 1000:.2f} ms wall, {ours[1] / n * 1000:.2f} ms CPU a step "
-              "(whole process / steps)")
+            print(f"{n:>6,}  {name:<22} {wall:>7.2f} {cpu:>7.2f}  {ratio}")
+    if len(rows) > 1:  # what one more step costs, between the smallest and the largest DAG
+        (n0, small), (n1, large) = rows[0], rows[-1]
+        per = [(large[name][k] - small[name][k]) / (n1 - n0) * 1000 for name in (OURS, COLD) for k in (0, 1)]
+        print(f"at the margin ({n0:,} -> {n1:,} steps), ms a step: ours {per[0]:.3f} wall, {per[1]:.3f} CPU; "
+              f"cold cache {per[2]:.3f} wall, {per[3]:.3f} CPU")
 
 
 if __name__ == "__main__":
