@@ -208,13 +208,13 @@ def write_outputs(folder: str, dag: list[tuple[str, tuple[str, ...]]]) -> None:
 WORK = os.path.join(os.environ.get("TMPDIR", "/tmp"), "marin-bench-plan-peers")
 
 
-def _env(fingerprint_cache: str | None = None) -> dict[str, str]:
+def _env(fingerprint_cache: str | None = None, root: str = ROOT) -> dict[str, str]:
     """Every tool's environment: bytecode cached as Python does by default (in a folder of the
     bench's, so no `__pycache__` is written into the checkout or the venv; a shell that sets
     PYTHONDONTWRITEBYTECODE would make every import compile), and our fingerprint cache in the
     bench's folder too (or `fingerprint_cache`)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("RAY_ADDRESS", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = os.path.join(WORK, "pycache")
@@ -249,7 +249,7 @@ def timed(cmd: list[str], cwd: str, check: str, env: dict[str, str] | None = Non
     return wall, cpu, text
 
 
-OURS, COLD = "marin-run --dry-run", "marin-run, cold cache"
+OURS, COLD, BASE = "marin-run --dry-run", "marin-run, cold cache", "marin-run, --baseline"
 
 
 def checks(n: int) -> dict[str, str]:
@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 3000])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--work", default=None, help="where the generated DAGs and their outputs live (kept between runs)")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also time our dry-run with the executor of another checkout (e.g. an export of main)")
     args = ap.parse_args(argv)
     global WORK
     WORK = args.work = args.work or WORK
@@ -274,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         expect[COLD] = expect[OURS]
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in (OURS, COLD, *cmds)}
         times = {name: times[name] for name in (OURS, *cmds, COLD)}  # the order of the table
+        if args.baseline:
+            times[BASE] = []
+            timed(cmds[OURS], cwds[OURS], expect[OURS], env=_env(root=args.baseline))
         for name, cmd in cmds.items():  # once untimed: bytecode and our fingerprint cache written
             timed(cmd, cwds[name], expect[name])
         for rep in range(args.reps):
@@ -286,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
             wall, cpu, _ = timed(cmds[OURS], cwds[OURS], expect[OURS], env=_env(cold))
             shutil.rmtree(cold, ignore_errors=True)
             times[COLD].append((wall, cpu))
+            if args.baseline:
+                times[BASE].append(timed(cmds[OURS], cwds[OURS], expect[OURS], env=_env(root=args.baseline))[:2])
         med = {name: (statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts))
                for name, ts in times.items()}
         rows.append((n, med))
