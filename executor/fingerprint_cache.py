@@ -24,6 +24,7 @@ import tempfile
 from typing import Any
 
 VERSION = 1
+KEEP = 2000  # entries kept; past it, the older half (by mtime) is removed when one is written
 
 
 def folder() -> str | None:
@@ -80,5 +81,20 @@ def put(key: str, parts: dict[str, str], trace: list[tuple[str, str, Any]]) -> N
         except BaseException:
             os.unlink(tmp)
             raise
+        _prune(where)
     except OSError:
         pass
+
+
+def _prune(where: str) -> None:
+    """Every edit makes new entries (and a test's temporary modules new keys): keep the newest."""
+    with os.scandir(where) as it:
+        entries = [e for e in it if e.name.endswith(".json")]
+    if len(entries) <= KEEP:
+        return
+    by_age = sorted(entries, key=lambda e: e.stat().st_mtime)
+    for entry in by_age[:len(by_age) - KEEP // 2]:
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            pass

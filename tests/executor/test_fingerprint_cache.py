@@ -144,3 +144,18 @@ def test_a_corrupt_or_foreign_entry_is_ignored(cache, pkg, monkeypatch):
     for entry in cache.folder.glob("*.json"):
         entry.write_text(entry.read_text()[:40])  # truncated
     assert code_fingerprint(mod.step, mod.Cfg) == first
+
+
+def test_the_folder_keeps_the_newest_entries(cache, pkg, monkeypatch):
+    from executor import fingerprint_cache
+
+    monkeypatch.setattr(fingerprint_cache, "KEEP", 4)
+    cache.folder.mkdir(parents=True)
+    for i in range(6):
+        old = cache.folder / f"old{i}.json"
+        old.write_text("{}")
+        os.utime(old, (1000 + i, 1000 + i))
+    mod = fresh("fpc_pkg.step")
+    code_fingerprint(mod.step, mod.Cfg)
+    left = sorted(p.name for p in cache.folder.glob("*.json"))
+    assert len(left) == 2 and "old5.json" in left and not any(n.startswith("old0") for n in left)
