@@ -40,6 +40,7 @@ import hashlib
 import os
 import sys
 import sysconfig
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -82,15 +83,14 @@ def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -
     key = _cache_key(inner, classes, roots) if cache is not None else None
     source_parts = cache.get(key) if key is not None else None
     if source_parts is None:
-        global _TRACE
-        _TRACE = trace = []
+        _TRACE.list = trace = []
         try:
             walker = _Walker()
             walker.config_classes(classes)
             walker.function(inner)
             walker.parts.update(module_parts(roots))
         finally:
-            _TRACE = None
+            _TRACE.list = None
         source_parts = walker.parts
         if key is not None:
             cache.put(key, source_parts, trace)
@@ -107,14 +107,16 @@ def _cache() -> Any:
     return importlib.import_module(f"{__package__}.fingerprint_cache")
 
 
-# What the walk in progress asked of the world outside the live objects (see _observe); None when
-# no walk records. A cached walk is served only if every answer is still the same.
-_TRACE: list[tuple[str, str, Any]] | None = None
+# What the walk in progress in this thread asked of the world outside the live objects (see
+# _observe); `.list` is None when no walk records. A cached walk is served only if every answer is
+# still the same, so a walk's trace must hold all its own questions: one trace a thread.
+_TRACE = threading.local()
 
 
 def _observe(kind: str, arg: str, answer: Any) -> Any:
-    if _TRACE is not None:
-        _TRACE.append((kind, arg, answer))
+    trace = getattr(_TRACE, "list", None)
+    if trace is not None:
+        trace.append((kind, arg, answer))
     return answer
 
 

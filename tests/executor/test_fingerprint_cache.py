@@ -159,3 +159,30 @@ def test_the_folder_keeps_the_newest_entries(cache, pkg, monkeypatch):
     code_fingerprint(mod.step, mod.Cfg)
     left = sorted(p.name for p in cache.folder.glob("*.json"))
     assert len(left) == 2 and "old5.json" in left and not any(n.startswith("old0") for n in left)
+
+
+def test_walks_in_two_threads_each_keep_all_their_own_questions(cache, pkg, tmp_path):
+    """Each thread's walk records its own trace: an entry written while another thread walked
+    still names every file it read (it is missed after that file is edited)."""
+    import threading
+
+    write(tmp_path / "src" / "fpc_other.py", "def other(config, ctx):\n    return 1\n")
+    mod = fresh("fpc_pkg.step")
+    other = importlib.import_module("fpc_other")
+    results = {}
+    start = threading.Barrier(2)
+
+    def walk(name, fn, cfg):
+        start.wait()
+        results[name] = code_fingerprint(fn, cfg)
+
+    threads = [threading.Thread(target=walk, args=("step", mod.step, mod.Cfg)),
+               threading.Thread(target=walk, args=("other", other.other, None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    helper = pkg / "helper.py"
+    helper.write_text(helper.read_text().replace("x * 2", "x * 4"))
+    assert code_fingerprint(mod.step, mod.Cfg).digest != results["step"].digest
+    sys.modules.pop("fpc_other", None)
