@@ -226,7 +226,8 @@ def _setup_run(tool: str, cmd: list[str], cwd: str, env: dict[str, str]) -> None
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"set-up run of {tool} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"set-up run of {tool} failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     print(f"  {tool}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
