@@ -3,6 +3,8 @@
     .venv/bin/python bench/plan.py                 # 1k, 10k, 100k x chain, wide, layered
     .venv/bin/python bench/plan.py --sizes 1000    # quick
     .venv/bin/python bench/plan.py --provenance --sizes 10000   # licence and lineage bookkeeping: with / without
+    .venv/bin/python bench/plan.py --whole-process [--sizes 1000 3000] [--repeat 5]
+        # `marin-run --dry-run` as a whole process beside `snakemake -n` and Luigi (bench/plan_peers.py)
 
 Target (issue 2): 10k steps in under 1 s, growing linearly. The prefix is filled once per shape
 with SUCCESS statuses (as a finished voyage leaves them), then the whole planning pass is timed:
@@ -102,7 +104,15 @@ def main() -> None:
                     help="time by this process's CPU time, not wall time (a shared, loaded machine)")
     ap.add_argument("--provenance", action="store_true",
                     help="licensed sources, a policy and environment notes: plan time with and without them")
+    ap.add_argument("--whole-process", action="store_true",
+                    help="time `marin-run --dry-run` of a generated voyage, beside snakemake -n and Luigi "
+                         "(bench/plan_peers.py; --sizes default 1000 3000)")
     args = ap.parse_args()
+    if args.whole_process:
+        import plan_peers
+
+        sizes = args.sizes if args.sizes != ap.get_default("sizes") else [1000, 3000]
+        return plan_peers.main(["--sizes", *map(str, sizes), "--reps", str(args.repeat)])
     if args.provenance:
         return compare_provenance(args)
     clock = time.process_time if args.cpu else time.perf_counter

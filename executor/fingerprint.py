@@ -27,7 +27,9 @@ in the AST) and serialized by our own canonical form: node names, fields sorted 
 fields left out. Not `ast.dump`, whose output changes between Python versions.
 
 This module imports only the standard library (the config-default part imports executor.identity
-when asked), so the fingerprint of a source can be checked under any interpreter.
+when asked), so the fingerprint of a source can be checked under any interpreter. Loaded as part
+of the package, it keeps each walk on disk (executor.fingerprint_cache), served only when every
+file the walk read has the same content hash and every module name resolves to the same file.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import hashlib
 import os
 import sys
 import sysconfig
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,18 +67,118 @@ class Fingerprint:
 
 def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -> Fingerprint:
     """The fingerprint of step function `fn` (a StepType, or anything wrapping a function) and,
-    if given, of its config class."""
-    walker = _Walker()
-    if config_class is not None:
-        walker.config(config_class)
+    if given, of its config class.
+
+    The parts read from source files come from the on-disk cache (executor.fingerprint_cache)
+    when every file the walk read still has the same content and every module name still
+    resolves as it did; the config defaults are read from the live classes every time."""
+    cache = _cache()
     inner = _unwrap(fn)
-    walker.function(inner)
+    classes = _config_classes(config_class) if config_class is not None else []
     roots = [getattr(inner, "__module__", None), getattr(fn, "__module__", None),
              getattr(getattr(fn, "fn", None), "__module__", None)]
     if config_class is not None:
         roots.append(config_class.__module__)
-    walker.parts.update(module_parts([r for r in roots if r]))
-    return walker.result()
+    roots = [r for r in roots if r]
+    key = _cache_key(inner, classes, roots) if cache is not None else None
+    source_parts = cache.get(key) if key is not None else None
+    if source_parts is None:
+        _TRACE.list = trace = []
+        try:
+            walker = _Walker()
+            walker.config_classes(classes)
+            walker.function(inner)
+            walker.parts.update(module_parts(roots))
+        finally:
+            _TRACE.list = None
+        source_parts = walker.parts
+        if key is not None:
+            cache.put(key, source_parts, trace)
+    return _result({**source_parts, **_default_parts(classes)})
+
+
+def _cache() -> Any:
+    """executor.fingerprint_cache; None when this file is loaded alone (as another Python's
+    check of the fingerprint does: standard library only, and no cache)."""
+    if not __package__:
+        return None
+    import importlib
+
+    return importlib.import_module(f"{__package__}.fingerprint_cache")
+
+
+# What the walk in progress in this thread asked of the world outside the live objects (see
+# _observe); `.list` is None when no walk records. A cached walk is served only if every answer is
+# still the same, so a walk's trace must hold all its own questions: one trace a thread.
+_TRACE = threading.local()
+
+
+def _observe(kind: str, arg: str, answer: Any) -> Any:
+    trace = getattr(_TRACE, "list", None)
+    if trace is not None:
+        trace.append((kind, arg, answer))
+    return answer
+
+
+def replay(kind: str, arg: str) -> Any:
+    """The answer to one question a walk asked (executor.fingerprint_cache checks a cached walk
+    by asking them all again): where module `arg` is, its label, whether file `arg` is project
+    code, the content hash of file `arg`."""
+    if kind == "file":
+        return _module_file(arg)
+    if kind == "label":
+        return _label(arg)
+    if kind == "project":
+        return _is_project(arg)
+    if kind == "content":
+        return _content_hash(arg)
+    raise ValueError(kind)
+
+
+def _content_hash(file: str) -> str | None:
+    try:
+        with open(file, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+_SELF: str | None = None
+
+
+def _cache_key(fn: Any, classes: list[type], roots: list[str]) -> str | None:
+    """What a cached walk is for, besides the files it read: this fingerprint code itself (its
+    file's content), the Python version (its parser), where project code ends, the step
+    function as the live object names it, its config classes and the walk's roots. None (do not
+    cache) for a function without code."""
+    global _SELF
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    if _SELF is None:
+        _SELF = _content_hash(__file__) or "?"
+    items = [SCHEME, _SELF, "%d.%d" % sys.version_info[:2], _EXECUTOR, *sorted(_NON_PROJECT),
+             getattr(fn, "__module__", None) or "?", getattr(fn, "__qualname__", "?"), fn.__name__,
+             code.co_filename, str(code.co_firstlineno),
+             *[f"{c.__module__}:{c.__qualname__}" for c in classes], "|", *roots]
+    return hashlib.sha256("\0".join(items).encode("utf-8", "backslashreplace")).hexdigest()
+
+
+def _result(parts: dict[str, str]) -> Fingerprint:
+    h = hashlib.sha256()
+    for key in sorted(parts):
+        h.update(key.encode("utf-8", "backslashreplace") + b"\0" + parts[key].partition(" ")[0].encode() + b"\0")
+    return Fingerprint(f"{SCHEME}:{h.hexdigest()}", dict(sorted(parts.items())))
+
+
+def _default_parts(classes: list[type]) -> dict[str, str]:
+    """Each field default of the config classes, by value (read from the live classes)."""
+    out: dict[str, str] = {}
+    for c in classes:
+        for f in dataclasses.fields(c):
+            if f.init and not f.metadata.get("run_only"):
+                out[f"default {_label(c.__module__)}.{c.__qualname__}.{f.name}"] = _default_part(f)
+    return out
 
 
 # -- the fail-safe part: every project module the step's code can reach -----------------------------
@@ -111,8 +214,8 @@ def _project_module(name: str, entry: bool = False) -> "_Module | None":
         file = _module_file(name)
     else:
         if name not in _FILES:
-            _FILES[name] = _module_file(name)
-        file = _FILES[name]
+            _FILES[name] = _find_module_file(name)
+        file = _observe("file", name, _FILES[name])  # (a walk's trace holds every answer it used)
     if not file or not (entry and not file.startswith(_EXECUTOR) or _is_project(file)):
         return None
     return _parse(name, file)
@@ -184,7 +287,7 @@ class _Module:
                 for i in range(1, len(parts) + 1):
                     found.setdefault(".".join(parts[:i]), None)
 
-            for node in ast.walk(self.tree):
+            for node in _statements(self.tree.body):
                 if isinstance(node, ast.Import):
                     for alias in node.names:
                         add(alias.name)
@@ -239,7 +342,7 @@ class _Module:
         """The def of function `name` whose `def` or first decorator is on `line`."""
         if self._functions is None:
             self._functions = {}
-            for node in ast.walk(self.tree):
+            for node in _statements(self.tree.body):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     self._functions[(node.name, node.lineno)] = node
                     if node.decorator_list:
@@ -267,6 +370,27 @@ class _Module:
         return found[-1] if found else None
 
 
+def _statements(body: list[ast.stmt]) -> Any:
+    """Every statement in `body` and in the statements nested in it (bodies of functions,
+    classes, if, for, while, with, try, match), not the expressions: an import or a def is
+    always a statement, and a module of 3,000 generated lines is mostly expressions
+    (`ast.walk` of every node cost 0.1 s twice for one)."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        nested: list[ast.stmt] = []
+        for field in ("body", "orelse", "finalbody"):
+            value = getattr(stmt, field, None)
+            if isinstance(value, list):
+                nested += value
+        for handler in getattr(stmt, "handlers", None) or []:
+            nested += handler.body
+        for case in getattr(stmt, "cases", None) or []:
+            nested += case.body
+        stack.extend(reversed(nested))
+
+
 _PARSED: dict[str, tuple[bytes, _Module]] = {}  # file -> (content hash, module)
 
 
@@ -275,8 +399,10 @@ def _parse(name: str, file: str) -> _Module | None:
         with open(file, "rb") as f:
             data = f.read()
     except OSError:
+        _observe("content", file, None)
         return None
     key = hashlib.sha256(data).digest()
+    _observe("content", file, key.hex())
     cached = _PARSED.get(file)
     if cached is not None and cached[0] == key and cached[1].name == name:
         return cached[1]
@@ -291,6 +417,10 @@ def _parse(name: str, file: str) -> _Module | None:
 
 def _module_file(name: str) -> str | None:
     """The source file of module `name`, without importing it."""
+    return _observe("file", name, _find_module_file(name))
+
+
+def _find_module_file(name: str) -> str | None:
     module = sys.modules.get(name)
     file = getattr(module, "__file__", None)
     if file:
@@ -328,7 +458,7 @@ def _label(name: str) -> str:
             stem = os.path.splitext(os.path.basename(file))[0]
             label = os.path.basename(os.path.dirname(file)) if stem == "__init__" else stem
         _LABELS[(name, file)] = label
-    return label
+    return _observe("label", name, label)
 
 
 _PROJECT: dict[str, bool] = {}  # file -> is it project code (realpath is costly: once per file)
@@ -339,7 +469,7 @@ def _is_project(file: str) -> bool:
     if found is None:
         real = os.path.realpath(file)
         found = _PROJECT[file] = not real.startswith(_NON_PROJECT) and not real.startswith(_EXECUTOR)
-    return found
+    return _observe("project", file, found)
 
 
 # -- the walk -------------------------------------------------------------------------------------
@@ -353,13 +483,6 @@ class _Walker:
         self._modules: dict[str, _Module | None] = {}
         self._files: dict[str, str | None] = {}
         self._followed: set[tuple[str, tuple[str, ...]]] = set()
-
-    def result(self) -> Fingerprint:
-        h = hashlib.sha256()
-        for key in sorted(self.parts):
-            h.update(key.encode("utf-8", "backslashreplace") + b"\0" +
-                     self.parts[key].partition(" ")[0].encode() + b"\0")
-        return Fingerprint(f"{SCHEME}:{h.hexdigest()}", dict(sorted(self.parts.items())))
 
     # -- modules ----------------------------------------------------------------------------------
     def _file(self, name: str) -> str | None:
@@ -389,13 +512,11 @@ class _Walker:
             return
         self._visit(module, key, [node])
 
-    def config(self, cls: type) -> None:
-        classes = _config_classes(cls)
+    def config_classes(self, classes: list[type]) -> None:
+        """The source of each config class, its field defaults left out (`_default_parts` has
+        them by value)."""
         self.config_keys.update(f"{_label(c.__module__)}.{c.__qualname__}" for c in classes)
         for c in classes:
-            for f in dataclasses.fields(c):
-                if f.init and not f.metadata.get("run_only"):
-                    self.parts[f"default {_label(c.__module__)}.{c.__qualname__}.{f.name}"] = _default_part(f)
             module = self._module(c.__module__)
             node = module.class_named(c.__qualname__) if module is not None else None
             if node is not None:

@@ -269,3 +269,71 @@ def test_ray_failing_to_start_is_exit_2_in_one_line(tmp_path):
                           "--no-live-page"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     lines = [line for line in out.stderr.splitlines() if line.strip() and "marin-run: error" in line]
     assert out.returncode == 2 and len(lines) == 1 and "starting a local Ray failed" in lines[0], out.stderr[-2000:]
+
+
+HELP_VOYAGE = """
+from dataclasses import dataclass
+from executor import Step, step_type
+
+@dataclass(frozen=True)
+class Inner:
+    depth: int = 1  # how deep the inner thing goes
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 2  # how many steps the voyage makes
+    inner: Inner = Inner()
+
+@dataclass(frozen=True)
+class C:
+    i: int
+
+@step_type(version="1")
+def t(config: C, ctx):
+    pass
+
+def voyage(config: Cfg):
+    return [Step(f"h/s{i}", t, C(i * config.inner.depth)) for i in range(config.n)]
+"""
+
+
+def test_only_help_reads_the_voyage_source_for_field_help(tmp_path, capsys, monkeypatch):
+    """draccus builds each field's help from the config class's source (inspect.getsource parses
+    the whole voyage file): a dry-run, and a bad value's error, read none of it; --help still
+    shows the fields' comments, nested ones included."""
+    import draccus.wrappers.docstring as docstring
+    import inspect
+
+    path = write_voyage(tmp_path, HELP_VOYAGE)
+    real = inspect.getsource
+    read: list[str] = []
+
+    def spy(obj):
+        read.append(getattr(obj, "__qualname__", repr(obj)))
+        return real(obj)
+
+    monkeypatch.setattr(inspect, "getsource", spy)
+    docstring._get_class_source.cache_clear()
+    code, out, _ = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p"), "--n", "3", "--inner.depth", "2"],
+                           capsys)
+    assert code == 0 and "RUN 3" in out.splitlines()[0]
+    code, _, err = run_cli([path, "--dry-run", "--prefix", str(tmp_path / "p"), "--n", "x"], capsys)
+    assert code == 2 and "'x'" in one_error_line(err)
+    assert not {"Cfg", "Inner"} & set(read)  # (`t` is read: the file is loaded twice in this process)
+    assert docstring.get_attribute_docstring.__module__ == docstring.__name__  # put back after each parse
+    code, out, _ = run_cli([path, "--help"], capsys)
+    assert code == 0
+    assert "how many steps the voyage makes" in out and "how deep the inner thing goes" in out
+    assert "Cfg" in read
+
+
+def test_the_collector_paused_for_planning_is_running_again_after(tmp_path, capsys):
+    """main() pauses the cyclic garbage collector while it plans (no cycles, many objects); a
+    caller in the same process gets it back running, after a plan and after an error."""
+    import gc
+
+    assert gc.isenabled()
+    code, _, _ = run_cli([HELLO, "--dry-run", "--prefix", str(tmp_path / "p")], capsys)
+    assert code == 0 and gc.isenabled()
+    code, _, _ = run_cli([str(tmp_path / "missing.py"), "--dry-run"], capsys)
+    assert code == 2 and gc.isenabled()

@@ -91,3 +91,20 @@ def test_deep_chain_has_no_recursion_limit():
         prev = Step(f"s{i}", t, C(inputs=(output_of(prev),)))
     dag = build_dag([prev])
     assert len(dag) == 3000 and dag.nodes[0].name == "s0"
+
+
+def test_origin_names_the_line_of_each_step_in_a_long_generated_voyage():
+    """Each Step's origin is its own line, the first and last of 3,000 built in one generated
+    function, a call spread over two lines, and a second function's steps after it (the line
+    table is read once per code object, not once per Step: it was O(N^2))."""
+    lines = ["def build():", "    s = []"]
+    for i in range(3000):
+        lines += [f"    s.append(Step('gen/s{i}', t,", f"                  C(n={i})))"]
+    lines += ["    return s", "", "def other():", "    return Step('other', t, C())"]
+    ns = {"Step": Step, "t": t, "C": C}
+    exec(compile("\n".join(lines) + "\n", "/gen/voyage.py", "exec"), ns)
+    steps = ns["build"]()
+    assert [steps[i].origin for i in (0, 1, 2999)] == ["/gen/voyage.py:3", "/gen/voyage.py:5", "/gen/voyage.py:6001"]
+    assert ns["other"]().origin == "/gen/voyage.py:6006"
+    with pytest.raises(VoyageError, match=r"/gen/voyage.py:1: bad step name"):
+        exec(compile("Step('../x', t, C())", "/gen/voyage.py", "exec"), ns)
