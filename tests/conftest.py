@@ -7,6 +7,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+if "MARIN_CACHE" not in os.environ:  # the fingerprint cache: the suite's own, not the user's ~/.cache
+    import atexit
+    import shutil as _shutil
+    import tempfile as _tempfile
+
+    os.environ["MARIN_CACHE"] = _tempfile.mkdtemp(prefix="marin-cache-")
+    atexit.register(_shutil.rmtree, os.environ["MARIN_CACHE"], True)
 
 import shutil
 import socket
