@@ -235,6 +235,12 @@ def _grouped(item, group: str) -> None:
         item._nodeid = grouped
 
 
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=("main", "slow", "all"), default="main",
+                     help="main (default: the README's command), slow (the tests marked slow_tier: fault injection "
+                          "on real processes, which .ci/run runs after the main tier) or all")
+
+
 def pytest_configure(config):
     # xdist's loadscope/loadgroup scheduler sorts the groups by their number of tests (most first)
     # unless told not to, which undid LONG_FIRST: the 8-test mesh group started after dozens of
@@ -243,8 +249,22 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+def _select_tier(config, items):
+    """Keep the tests of the tier asked for (`--tier`); the others are deselected, and said so."""
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("slow_tier") is not None) == (tier == "slow") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    _select_tier(config, items)
     # on a worker (where the ids are collected) xdist sets `loadgroup`; elsewhere there is nothing to do
     if not getattr(config.option, "loadgroup", False):
         return

@@ -22,6 +22,10 @@ import faultkit  # noqa: E402
 from executor.api import run_steps  # noqa: E402
 from executor.store import SUCCESS  # noqa: E402
 
+# the slower tier (`--tier slow`: fault injection on real processes), which .ci/run runs after the
+# README's command (tests/conftest.py)
+pytestmark = pytest.mark.slow_tier
+
 SLOW_SIZE = dict(shards=3, files=4)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +22,10 @@ from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, Parallel
                                 TrainConfig, TrainerConfig)
 from steps.train.eval import EvalConfig, evaluate  # noqa: E402
 from steps.train.pretrain import midtrain, pretrain  # noqa: E402
+
+# the slower tier (`--tier slow`: fault injection on real processes), which .ci/run runs after the
+# README's command (tests/conftest.py)
+pytestmark = pytest.mark.slow_tier
 
 
 def _weights(output):
