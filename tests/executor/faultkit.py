@@ -93,7 +93,7 @@ class Executor:
     """One `marin-run VOYAGE ARGS` in its own process group, output to files under `logs`."""
 
     def __init__(self, voyage: str, args: list[str], logs: str, ray_tmp: str | None = None,
-                 env: dict[str, str] | None = None, name: str | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str | None = None, cwd: str = ROOT) -> None:
         self.tag = uuid.uuid4().hex
         self.name = name or self.tag[:8]
         os.makedirs(logs, exist_ok=True)
@@ -103,7 +103,8 @@ class Executor:
         if ray_tmp:
             full_env["RAY_TMPDIR"] = ray_tmp
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([MARIN_RUN, voyage, *args], stdout=out, stderr=err, cwd=ROOT,
+            # cwd: Ray puts the driver's working directory first on its workers' sys.path
+            self.proc = subprocess.Popen([MARIN_RUN, voyage, *args], stdout=out, stderr=err, cwd=cwd,
                                          env=full_env, start_new_session=True)
         self.started = time.time()
         self.killed_at: float | None = None
