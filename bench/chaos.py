@@ -10,8 +10,9 @@ requests with 429, 503 or a dropped connection), and `marin-run` processes joine
 
 Chaos, per round: `--executors` executors start the same voyage on one fresh `gs://` prefix with a
 short `--lease-ttl`. Every few seconds (seeded) one of: SIGKILL of an executor's process group (a new
-executor takes its place, so that as many run at once), SIGSTOP of one for 0.5 to 3 ttl then SIGCONT,
-or removal of a worker node (`Cluster.remove_node`, under whatever runs on it), one added back a few
+executor takes its place, so that as many run at once), SIGSTOP of one for 0.5 to 3 ttl then SIGCONT
+(half the time with the Ray workers running the steps it holds: a writer paused mid-step), or
+removal of a worker node (`Cluster.remove_node`, under whatever runs on it), one added back a few
 seconds later. The chaos stops when an executor exits 0 (the voyage is done); paused ones are resumed
 and every executor left runs to its end; then a final clean executor runs the voyage on the prefix.
 
@@ -252,6 +253,7 @@ class Chaos:
         everyone = list(live)
         killed: set[str] = set()
         paused: dict[faultkit.Executor, float] = {}
+        paused_workers: dict[int, float] = {}  # a paused executor's step workers, paused with it
         add_back: list[float] = []
         ev: collections.Counter = collections.Counter()
         next_event = t0 + rng.uniform(0.5, 2 * args.every)
@@ -262,9 +264,15 @@ class Chaos:
                 if now >= at:
                     _signal(ex, signal.SIGCONT)
                     del paused[ex]
+            for pid, at in list(paused_workers.items()):
+                if now >= at:
+                    _signal_pid(pid, signal.SIGCONT)
+                    del paused_workers[pid]
             if add_back and now >= add_back[0]:
                 add_back.pop(0)
-                self.cluster.add()
+                if not self.add_node():
+                    ev["node additions that missed Ray's 30 s (tried again 5 s later)"] += 1
+                    add_back.append(time.time() + 5)
             for ex in list(live):
                 if ex.running():
                     continue
@@ -294,6 +302,14 @@ class Chaos:
                     ev["SIGSTOPs of an executor (0.5-3 ttl, then SIGCONT)"] += 1
                     if paused[ex] - now > args.ttl:
                         ev["pauses longer than the ttl"] += 1
+                    # Half the time its steps' Ray workers too (on the cluster, not in its process
+                    # group): a writer paused mid-step that wakes after another executor took over
+                    # and committed, issue 20's first case.
+                    if rng.random() < 0.5:
+                        for pid in self.workers_of(prefix, ex.pid):
+                            _signal_pid(pid, signal.SIGSTOP)
+                            paused_workers[pid] = paused[ex]
+                            ev["step workers paused with their executor"] += 1
                 elif kind == "node" and len(self.cluster.gb200) == self.workers:
                     self.cluster.remove(rng.choice(self.cluster.gb200))
                     add_back.append(time.time() + rng.uniform(2.0, 6.0))
@@ -304,8 +320,10 @@ class Chaos:
         # the chaos is over: resume, let everyone finish, give the nodes back
         for ex in paused:
             _signal(ex, signal.SIGCONT)
+        for pid in paused_workers:
+            _signal_pid(pid, signal.SIGCONT)
         for _ in add_back:
-            self.cluster.add()
+            any(self.add_node() for _ in range(3))
         for ex in live:
             try:
                 ex.wait(10 * args.ttl + 300)
@@ -368,6 +386,48 @@ class Chaos:
             "failure lines unexplained (findings)": len(unexplained) if not unexplained else unexplained[:40],
         }
         return ok, figures
+
+
+    def add_node(self) -> bool:
+        """One worker node added back; False when its raylet missed Ray's 30 s to register."""
+        try:
+            self.cluster.add()
+            return True
+        except RuntimeError as e:
+            if "timed out during startup" not in str(e):
+                raise
+            return False
+
+    def workers_of(self, prefix: str, holder: int) -> list[int]:
+        """The cluster's Ray workers now running a step whose lease process `holder` holds."""
+        import json
+
+        store = faultkit.Store(prefix)
+        store.fs.invalidate_cache()
+        found = []
+        for pid in faultkit.tagged_pids(self.cluster.tag):  # only the processes of our own cluster
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if not title.startswith("ray::step:"):
+                continue
+            try:
+                for path in store.fs.glob(f"{store.root}/{title[len('ray::step:'):]}-*/.lease"):
+                    lease = json.loads(store.fs.cat_file(path))
+                    if lease.get("pid") == holder and not lease.get("released"):
+                        found.append(pid)
+            except (OSError, ValueError):  # a read the fault proxy failed: this one is not paused
+                continue
+        return found
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _signal(ex: faultkit.Executor, sig: int) -> None:
