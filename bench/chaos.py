@@ -169,6 +169,18 @@ EXPLAINED = [
     (r"Task _run_step failed\. There are \d+ retries remaining, so the task will be retried\. Error: Task "
      r"failed because the node it was running on is dead",
      "Ray: the node under the step was removed; Ray retries the task on another node"),
+    (r"\(lost_node\) (LocalRayletDiedError|NodeDiedError|WorkerCrashedError|OwnerDiedError|ObjectLostError)",
+     "summary: a step whose node was removed under it failed after its lost_node retries"),
+    (r"renewing the lease of \S+ failed",
+     "heartbeat: one renewal failed on a GCS request (a fault of the proxy past gcsfs's retries); the next "
+     "renewal tries again, and a lease that lapsed meanwhile fails the attempt's fence"),
+    (r"node_manager\.cc:\d+: +An unexpected system state has occurred",
+     "Ray: a raylet aborted on an internal check while the bench removed or added nodes (Ray's bug, "
+     "not ours); Ray retries its tasks"),
+    (r"Failed to push error to driver for task",
+     "Ray: a task's error could not reach its driver, which the bench had killed"),
+    (r"^(\(raylet\) )?\[\d{4}-\d\d-\d\d [\d:,]+ [IWD] \d+ \d+\]",
+     "Ray: a removed node's raylet log (info and warning lines), forwarded to the driver"),
     (r"failed \(lost_node",
      "the step's node was removed (or its worker stopped): Ray's error, classed lost_node, retried"),
     (r"failed \(\w+: .*(NodeDiedError|WorkerCrashedError|OwnerDiedError|ObjectLostError|ActorDiedError)",
@@ -187,8 +199,11 @@ EXPLAINED = [
     (r"WAITING, leased by", None),
     (r"done meanwhile by another executor", None),
 ]
+LOST_SUMMARY = next(i for i, (pattern, _) in enumerate(EXPLAINED) if pattern.startswith(r"\(lost_node\)"))
 FAILURE_WORDS = re.compile(r"(?i)(error|fail|traceback|exception|lost|killed|died|dead|warning|interrupted|corrupt)")
 NOT_FAILURES = re.compile(r"(Token authentication is enabled|^plan of \d+ steps|^SUCCESS\s|^CACHED\s|"
+                          r"^\[state-dump\]|^- (objects|bytes) errored: 0|"
+                          r"^BLOCKED\s.*dependency failed|"  # a consequence: the FAILED line is the failure
                           r"voyage finished in|^\s*(RUN|CACHED|WAITING|RETRY|STALE)\s+\d+\s|failure_class|"
                           r"^\S+\s+\d+(\.\d+)? cpu)")
 
@@ -200,6 +215,12 @@ def classify_lines(text: str) -> tuple[collections.Counter, list[str]]:
     for line in text.splitlines():
         line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
         if not line or NOT_FAILURES.search(line):
+            continue
+        if re.match(r"FAILED\s", line):  # a step's summary line: explained only as a node lost under it
+            if re.search(EXPLAINED[LOST_SUMMARY][0], line):
+                explained[EXPLAINED[LOST_SUMMARY][1]] += 1
+            else:
+                unexplained.append(line)
             continue
         for pattern, why in EXPLAINED:
             if re.search(pattern, line):
@@ -358,9 +379,13 @@ class Chaos:
         for ex in [*everyone, final]:
             code = ex.proc.returncode
             exits["killed by the bench" if ex.tag in killed else f"exit {code}"] += 1
-            if ex.tag not in killed and code != 0:
-                unexplained.append(f"{ex.name} exited {code}, not killed: {ex.tail(3)!r}")
             why, lines = classify_lines(ex.stdout + "\n" + ex.stderr)
+            if ex.tag not in killed and code != 0:
+                if code == 1 and not lines and why.get(EXPLAINED[LOST_SUMMARY][1]):
+                    explained["exit 1: an executor whose steps' node was removed past their retries (another "
+                              "executor finished the voyage)"] += 1
+                else:
+                    unexplained.append(f"{ex.name} exited {code}, not killed: {ex.tail(3)!r}")
             explained.update(why)
             unexplained += [f"{ex.name}: {line}" for line in lines]
         attempts = sum(len(v) for v in starts.values())
