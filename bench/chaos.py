@@ -90,11 +90,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--before", default=None, help="commit to compare with (default: the one before attempts)")
     p.add_argument("--seed", type=int, default=None, help="replay a run (printed at the start)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs of every executor)")
+    p.add_argument("--classify", metavar="LOGS", default=None,
+                   help="only classify the failure lines of the executor logs in a kept work folder's logs/")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.classify:
+        return classify_folder(args.classify)
     args.voyage = args.voyage or ["laptop", "hello"]
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -138,6 +142,7 @@ def main(argv=None) -> int:
             cost(args, work, ray_tmp.path, proxy, tags)
         print(f"\ntotal {time.time() - t0:.0f}s; {'all checks passed' if not failed else 'SOME CHECKS FAILED'}")
     finally:
+        faultkit.reap(tags, timeout=0.5)  # an interrupted bench leaves no executor
         if cluster is not None:
             leftovers = cluster.close()
             if leftovers:
@@ -195,25 +200,42 @@ EXPLAINED = [
      "gcsfs retrying a request the fault proxy failed"),
     (r"(ServerDisconnectedError|ClientOSError|ConnectionResetError|Connection reset|ClientPayloadError)",
      "a connection the fault proxy dropped"),
+    (r"(_request out of retries on exception: , 501|HttpError: , 501|moveTo API: , 501)",
+     "gcsfs: the emulator has no moveTo API (501); gcsfs logs that, with its traceback, and renames "
+     "the checkpoint by copy and delete instead"),
     (r"took over the lease", None),
     (r"WAITING, leased by", None),
     (r"done meanwhile by another executor", None),
 ]
+RAY_PREFIX = re.compile(r"^\((?:step:)?[^()]*pid=\d+(?:, ip=[\d.]+)?\) ")
 LOST_SUMMARY = next(i for i, (pattern, _) in enumerate(EXPLAINED) if pattern.startswith(r"\(lost_node\)"))
 FAILURE_WORDS = re.compile(r"(?i)(error|fail|traceback|exception|lost|killed|died|dead|warning|interrupted|corrupt)")
 NOT_FAILURES = re.compile(r"(Token authentication is enabled|^plan of \d+ steps|^SUCCESS\s|^CACHED\s|"
                           r"^\[state-dump\]|^- (objects|bytes) errored: 0|"
+                          r"^(During handling of the above exception|The above exception was the direct cause)|"
                           r"^BLOCKED\s.*dependency failed|"  # a consequence: the FAILED line is the failure
                           r"voyage finished in|^\s*(RUN|CACHED|WAITING|RETRY|STALE)\s+\d+\s|failure_class|"
                           r"^\S+\s+\d+(\.\d+)? cpu)")
 
 
 def classify_lines(text: str) -> tuple[collections.Counter, list[str]]:
-    """(explanation -> count, unexplained lines) of the failure lines in an executor's output."""
+    """(explanation -> count, unexplained lines) of the failure lines in an executor's output. A
+    traceback counts once, by the line logged before it and its exception line."""
     explained: collections.Counter = collections.Counter()
     unexplained = []
-    for line in text.splitlines():
-        line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+    # without colours and without the prefix Ray puts on a worker's lines, indentation kept
+    lines = [RAY_PREFIX.sub("", re.sub(r"\x1b\[[0-9;]*m", "", raw)).rstrip() for raw in text.splitlines()]
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if line.startswith("Traceback (most recent call last)"):
+            before = lines[i - 2].strip() if i >= 2 else ""
+            while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
+                i += 1  # the frames, down to the exception's own line
+            exception = lines[i].strip() if i < len(lines) else "(cut short)"
+            i += 1
+            line = f"traceback after {before!r}: {exception}"
         if not line or NOT_FAILURES.search(line):
             continue
         if re.match(r"FAILED\s", line):  # a step's summary line: explained only as a node lost under it
@@ -231,6 +253,23 @@ def classify_lines(text: str) -> tuple[collections.Counter, list[str]]:
             if FAILURE_WORDS.search(line):
                 unexplained.append(line)
     return explained, unexplained
+
+
+def classify_folder(logs: str) -> int:
+    """Print the classification of every executor log under `logs` (exit 1 if a line is unexplained)."""
+    explained: collections.Counter = collections.Counter()
+    unexplained = []
+    for name in sorted(os.listdir(logs)):
+        with open(os.path.join(logs, name), errors="replace") as f:
+            why, lines = classify_lines(f.read())
+        explained.update(why)
+        unexplained += [f"{name}: {line}" for line in lines]
+    for why, n in explained.most_common():
+        print(f"{n:5d}  {why}")
+    print(f"unexplained: {len(unexplained)}")
+    for line in unexplained:
+        print(f"  {line[:400]}")
+    return 1 if unexplained else 0
 
 
 # -- chaos ------------------------------------------------------------------------------------------
