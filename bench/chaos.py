@@ -171,6 +171,9 @@ def machine_state() -> str:
 # Each rule: a pattern over one line, and the one-line explanation it stands for. Lines that are
 # plainly progress (plans, WAITING, takeovers) are not failure lines and are not listed.
 EXPLAINED = [
+    (r"Exception ignored in atexit callback: <function _start_and_connect_service",
+     "W&B (offline): a training worker leaving could not tear down W&B's service process, whose "
+     "connection was already gone (ConnectionResetError)"),
     (r"lease lost to another executor; SUCCESS not written; waiting for the new holder",
      "runner: the attempt of a paused executor (its lease taken over meanwhile) failed its fence at "
      "the commit: nothing written; it waits for the new holder's result"),
