@@ -59,9 +59,6 @@ sys.path.insert(0, ROOT)
 import faultkit  # noqa: E402
 from faults import start_emulator  # noqa: E402
 
-LAPTOP = os.path.join(ROOT, "voyages", "535b.py")
-
-
 def voyage_args(name: str, args: argparse.Namespace) -> tuple[str, list[str]]:
     """The voyage file (relative to a tree's root) and its flags."""
     if name == "hello":
@@ -115,7 +112,8 @@ def main(argv=None) -> int:
     emulator = start_emulator()
     proxy = faultkit.FaultyProxy(emulator.url, rate=0.0, seed=seed).start()
     # inherited by everything started below, the cluster's workers included
-    os.environ.update(STORAGE_EMULATOR_HOST=proxy.url, FSSPEC_GS_TOKEN="anon", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    os.environ.update(STORAGE_EMULATOR_HOST=proxy.url, FSSPEC_GS_TOKEN="anon",
+                      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
     failed = False
     cluster = None
     tags: list[str] = []
@@ -162,7 +160,8 @@ def main(argv=None) -> int:
 
 def machine_state() -> str:
     load = os.getloadavg()
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
     return (f"machine: {os.cpu_count()} cores, load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}, "
             f"Python {platform.python_version()}, tree {rev}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
@@ -455,8 +454,9 @@ class Chaos:
         figures = {
             "voyage": f"{voyage} {' '.join(flags)}, {args.executors} executors at once, ttl {args.ttl:g}s, "
                       f"fault rate {args.fault_rate:g}",
-            "chaos": f"{chaos_s:.0f}s, {sum(ev[k] for k in EVENTS)} events"
-                     f" ({'the voyage done meanwhile by ' + done_by.name if done_by else 'then the executors left finished'})",
+            "chaos": f"{chaos_s:.0f}s, {sum(ev[k] for k in EVENTS)} events ("
+                     + (f"the voyage done meanwhile by {done_by.name})" if done_by else
+                        "then the executors left finished)"),
             **{k: v for k, v in sorted(ev.items())},
             "executors started": len(everyone),
             "exits": dict(exits),
