@@ -1,8 +1,8 @@
 """Chaos on one prefix (issue 20): several executors, killed, paused and left without nodes, at once.
 
-    .venv/bin/python bench/chaos.py                      # the default below: about 10 minutes on 2 cores
-    .venv/bin/python bench/chaos.py --voyage laptop --laptop-steps 400 --rounds 3   # the issue's target
-    .venv/bin/python bench/chaos.py --rounds 0           # the commit protocol's cost only
+    .venv/bin/python bench/chaos.py                      # a laptop round (40 steps) and a hello round: 10-15 min here
+    .venv/bin/python bench/chaos.py --voyage laptop --laptop-steps 0 --rounds 3   # the issue's target (400 steps)
+    .venv/bin/python bench/chaos.py --rounds 0 --cost-repeats 4 --cost-laptop-repeats 1   # the protocol's cost
 
 Everything is real: a 3-node `ray.cluster_utils.Cluster` (`tests/executor/cluster_host.py`: a head and
 two worker nodes), the GCS emulator behind `faultkit.FaultyProxy` (which fails `--fault-rate` of the
@@ -87,8 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fault-rate", type=float, default=0.01, help="share of GCS requests the proxy fails")
     p.add_argument("--max-executors", type=int, default=40, help="executors started per round at most")
     p.add_argument("--round-seconds", type=float, default=900, help="chaos stops after this, done or not")
-    p.add_argument("--cost-repeats", type=int, default=2, help="hello runs per version and store (0: no cost section)")
-    p.add_argument("--cost-laptop-repeats", type=int, default=1, help="laptop runs (400 steps) per version")
+    p.add_argument("--cost-repeats", type=int, default=0, help="hello runs per version and store (cost section)")
+    p.add_argument("--cost-laptop-repeats", type=int, default=0, help="laptop runs (400 steps) per version")
     p.add_argument("--before", default=None, help="commit to compare with (default: the one before attempts)")
     p.add_argument("--seed", type=int, default=None, help="replay a run (printed at the start)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs of every executor)")
