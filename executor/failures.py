@@ -27,8 +27,9 @@ LOST_NODE, HANG, NON_FINITE, OOM, CODE_ERROR = "lost_node", "hang", "non_finite"
 CLASSES = (LOST_NODE, HANG, NON_FINITE, OOM, CODE_ERROR)
 
 # Exception type names (anywhere in the MRO) that say the node or worker went away.
+# LocalRayletDiedError: the raylet the driver talks to died (a removed node; found by bench/chaos.py).
 _LOST = ("NodeDiedError", "WorkerCrashedError", "RayActorError", "ActorDiedError", "OwnerDiedError",
-         "ObjectLostError", "TaskUnschedulableError", "ActorUnavailableError", "Preempted")
+         "ObjectLostError", "TaskUnschedulableError", "ActorUnavailableError", "Preempted", "LocalRayletDiedError")
 _OOM = ("OutOfMemoryError", "MemoryError")
 
 

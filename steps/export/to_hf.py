@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Iterator
 
-from executor import StepContext, VoyageError, step_type
+from executor import StepContext, VoyageError, logical_url, step_type
 from steps.provenance.card import CardConfig
 
 DTYPES = ("float32", "bfloat16")
@@ -111,10 +111,12 @@ def hf_folder(url: str) -> str:
 
 def _step_name(checkpoint_url: str) -> str:
     """`midtrain/laptop` of `.../midtrain/laptop-7c3c3cf314/checkpoints/step-400` (the executor's
-    `{name}-{digest[:10]}` folder), else the checkpoint folder's own name."""
+    `{name}-{digest[:10]}` folder), else the checkpoint folder's own name. The attempt folder a
+    committed checkpoint lies in (`.attempts/0001-9f3c2a1b/`, named at random) is left out: the
+    name is written into the export's README, whose bytes must not change from one run to another."""
     import re
 
-    parts = checkpoint_url.rstrip("/").split("/")
+    parts = logical_url(checkpoint_url).rstrip("/").split("/")
     if len(parts) >= 4 and parts[-2] == "checkpoints":
         m = re.fullmatch(r"(.+)-[0-9a-f]{10}", parts[-3])
         if m:

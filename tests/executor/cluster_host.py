@@ -45,8 +45,14 @@ def main() -> None:
                 cluster.remove_node(nodes.pop(arg))
                 say({"removed": arg})
             elif command == "add":
-                node_id = add()
-                cluster.wait_for_nodes()
+                try:
+                    node_id = add()
+                    cluster.wait_for_nodes()
+                except Exception as e:  # noqa: BLE001
+                    # Ray gives a raylet a fixed 30 s to register, which a loaded machine can miss:
+                    # one line back (the caller may try again), the cluster stays up
+                    say({"error": f"add: {str(e).splitlines()[0]}"})
+                    continue
                 say({"added": node_id})
             elif command == "exit":
                 break

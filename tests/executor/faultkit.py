@@ -93,7 +93,7 @@ class Executor:
     """One `marin-run VOYAGE ARGS` in its own process group, output to files under `logs`."""
 
     def __init__(self, voyage: str, args: list[str], logs: str, ray_tmp: str | None = None,
-                 env: dict[str, str] | None = None, name: str | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str | None = None, cwd: str = ROOT) -> None:
         self.tag = uuid.uuid4().hex
         self.name = name or self.tag[:8]
         os.makedirs(logs, exist_ok=True)
@@ -103,7 +103,8 @@ class Executor:
         if ray_tmp:
             full_env["RAY_TMPDIR"] = ray_tmp
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([MARIN_RUN, voyage, *args], stdout=out, stderr=err, cwd=ROOT,
+            # cwd: Ray puts the driver's working directory first on its workers' sys.path
+            self.proc = subprocess.Popen([MARIN_RUN, voyage, *args], stdout=out, stderr=err, cwd=cwd,
                                          env=full_env, start_new_session=True)
         self.started = time.time()
         self.killed_at: float | None = None
@@ -511,3 +512,86 @@ def wait_for(check: Callable[[], object], timeout: float) -> object:
             return value
         time.sleep(0.02)
     return None
+
+
+# -- committed artifacts, logs aside (steps with `logs=`: training's W&B files and metrics) --------
+def audit_artifacts(prefix: str) -> Audit:
+    """As `audit`, judged on artifacts only: a committed output is corrupt when an artifact of its
+    record's manifest is missing or changed, or a file the record does not list appeared outside
+    the folders of its logs. A log (listed `log`, no checksum) may grow after the commit: W&B's own
+    processes finish writing after the step returns, and logs are not in the output digest."""
+    store = Store(prefix)
+    result = audit(prefix, verify=False)
+    for name, dirname in result.folders.items():
+        status = store.read_status(dirname)
+        if status is None or status.state != SUCCESS:
+            continue
+        record = store.read_record(dirname, status)
+        problems = []
+        if record is None or record.state != SUCCESS or record.manifest is None:
+            problems.append("no SUCCESS record")
+        else:
+            logs = {e.path for e in record.manifest if e.log}
+            log_dirs = {p.rpartition("/")[0] for p in logs}
+            listed = {e.path: e for e in record.manifest}
+            now = {e.path: e for e in store.manifest(store.served_dir(dirname), is_log=logs.__contains__)}
+            changed = [p for p, e in listed.items() if not e.log and now.get(p) != e]
+            extra = [p for p in now if p not in listed and p.rpartition("/")[0] not in log_dirs]
+            if changed:
+                problems.append(f"artifacts missing or changed since the commit: {', '.join(changed[:3])}")
+            if extra:
+                problems.append(f"files added since the commit: {', '.join(extra[:3])}")
+            if output_digest(record.manifest) != record.output_digest or record.output_digest != status.output_digest:
+                problems.append("output digests disagree")
+        if problems:
+            result.corrupt.append(f"{dirname}: {'; '.join(problems)}")
+        else:
+            result.outputs[name] = status.output_digest
+    return result
+
+
+def same_artifacts(a: str, b: str) -> list[str]:
+    """As `same_bytes`, for artifacts only (logs, which hold times and run ids, are left out)."""
+    left, right = Store(a), Store(b)
+    ours, theirs = audit(a, verify=False), audit(b, verify=False)
+    differ = []
+    for name, folder in ours.folders.items():
+        status = left.read_status(folder)
+        if status is None or status.state != SUCCESS:
+            continue
+        record = left.read_record(folder, status)
+        other_folder = theirs.folders.get(name, folder)
+        mine, other = left.served_dir(folder), right.served_dir(other_folder)
+        for entry in (record.manifest or []) if record else []:
+            if entry.log:
+                continue
+            try:
+                same = left.fs.cat_file(left.path(mine, entry.path)) == right.fs.cat_file(right.path(other, entry.path))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                differ.append(f"{name}/{entry.path}")
+    return differ
+
+
+def attempt_starts(prefix: str) -> dict[str, list[tuple[float, str]]]:
+    """Every attempt folder's own record, read whether or not it was committed: step name ->
+    [(when the attempt started, its state in its own record)], oldest first. An attempt killed
+    before it wrote its record is not listed."""
+    import re
+
+    store = Store(prefix)
+    try:
+        found = store.fs.find(store.root)
+    except FileNotFoundError:
+        return {}
+    own = re.compile(r"/\.attempts/[^/]+/\.step\.json$")
+    starts: dict[str, list[tuple[float, str]]] = {}
+    for path in found:
+        if not own.search(path):
+            continue
+        folder = path[len(store.root):].strip("/").rpartition("/")[0]
+        record = store.read_record_in(folder)
+        if record is not None and record.attempts:
+            starts.setdefault(record.name, []).append((record.attempts[-1].started, record.attempts[-1].state))
+    return {name: sorted(v) for name, v in starts.items()}

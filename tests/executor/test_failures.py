@@ -25,9 +25,14 @@ class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name
     pass
 
 
+class LocalRayletDiedError(Exception):  # Ray's name: the raylet of the driver's node died (chaos bench)
+    pass
+
+
 @pytest.mark.parametrize("error, cls", [
     (Hang("stuck"), HANG), (NonFinite("nan"), NON_FINITE), (OutOfMemoryError("CUDA out of memory"), OOM),
     (MemoryError(), OOM), (WorkerCrashedError("node died"), LOST_NODE), (KeyboardInterrupt(), LOST_NODE),
+    (LocalRayletDiedError("The task's local raylet died. Check raylet.out for more information."), LOST_NODE),
     (ValueError("bug"), CODE_ERROR), (ZeroDivisionError(), CODE_ERROR)])
 def test_classify(error, cls):
     assert classify(error) == cls

@@ -195,3 +195,14 @@ def test_bad_input_is_one_clear_error(laptop, tmp_path):
         run_step(export_hf, ExportHFConfig(checkpoint=laptop["midtrain"], pad_token="<|nope|>"), tmp_path / "a")
     with pytest.raises(VoyageError, match="no checkpoint under"):
         run_step(export_hf, ExportHFConfig(checkpoint=str(tmp_path / "nothing")), tmp_path / "b")
+
+
+@pytest.mark.parametrize("url", ["/p/midtrain/laptop-91abcb7375/checkpoints/step-20",
+                                 "/p/midtrain/laptop-91abcb7375/.attempts/0001-52b36b6d/checkpoints/step-20",
+                                 "gs://b/p/midtrain/laptop-91abcb7375/.attempts/0002-261c7cf0/checkpoints/step-20/"])
+def test_the_checkpoint_is_named_by_its_step_never_by_its_attempt(url):
+    # The name goes into the export's README: a random attempt id there made two identical runs
+    # write different bytes (found by bench/chaos.py comparing a run with a clean one).
+    from steps.export.to_hf import _step_name
+
+    assert _step_name(url) == "midtrain/laptop"
