@@ -73,6 +73,7 @@ def ray_tmp():
     tmp.close()
 
 
+@pytest.mark.slow_tier  # fault injection on real processes: `--tier slow` (tests/conftest.py)
 def test_hello_on_gcs_through_a_faulty_proxy(gcs_emulator, hello_reference, tmp_path, ray_tmp):
     ref_prefix, ref = hello_reference
     prefix = f"gs://marin-test/hello-{uuid.uuid4().hex[:8]}"

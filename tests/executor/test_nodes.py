@@ -17,6 +17,11 @@ import faultkit  # noqa: E402
 
 
 
+# the slower tier (`--tier slow`: fault injection on real processes, a node removed from a running
+# Cluster), which .ci/run runs after the README's command (tests/conftest.py)
+pytestmark = pytest.mark.slow_tier
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     ray_tmp = faultkit.RayTmp()
