@@ -41,7 +41,6 @@ import os
 import platform
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, ROOT)
 
 import faultkit  # noqa: E402
-from faults import start_emulator  # noqa: E402
+from faults import start_emulator, tear_down  # noqa: E402
 
 def voyage_args(name: str, args: argparse.Namespace) -> tuple[str, list[str]]:
     """The voyage file (relative to a tree's root) and its flags."""
@@ -146,15 +145,7 @@ def main(argv=None) -> int:
         print(f"\ntotal {time.time() - t0:.0f}s; {'all checks passed' if not failed else 'SOME CHECKS FAILED'}")
     finally:
         faultkit.reap(tags, timeout=0.5)  # an interrupted bench leaves no executor
-        if cluster is not None:
-            leftovers = cluster.close()
-            if leftovers:
-                print(f"cluster processes that outlived it: {leftovers}")
-        proxy.stop()
-        emulator.stop()
-        ray_tmp.close()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(cluster, proxy, emulator, ray_tmp, None if args.keep else work)
     return 1 if failed else 0
 
 

@@ -95,15 +95,22 @@ def main(argv=None) -> int:
         failed |= bool(leftovers)
         print(f"total {time.time() - t0:.0f}s; {'all checks passed' if not failed else 'SOME CHECKS FAILED'}")
     finally:
+        tear_down(cluster, proxy, emulator, ray_tmp, None if args.keep else work)
+    return 1 if failed else 0
+
+
+def tear_down(cluster, proxy, emulator, ray_tmp, work: str | None) -> None:
+    """Stop what a fault bench started (the cluster, if any, saying which of its processes
+    outlived it), and remove its work folder unless kept (`work` None)."""
+    if cluster is not None:
         leftovers = cluster.close()
         if leftovers:
             print(f"cluster processes that outlived it: {leftovers}")
-        proxy.stop()
-        emulator.stop()
-        ray_tmp.close()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    proxy.stop()
+    emulator.stop()
+    ray_tmp.close()
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 class Bench:

@@ -84,14 +84,14 @@ def kill_and_finish(voyage, args, prefix, logs, ray_tmp, ray_local, moments, fin
     done_at: dict[str, int] = {}  # a step seen SUCCESS -> how many attempts its record had then
     tags = []
     for k, moment in enumerate(moments):
-        for tries in range(3 if quick and k == 0 else 1):
-            run = faultkit.Executor(voyage, args, logs, ray_tmp, name=f"killed{k}-{tries}")
+        tries = 3 if quick and k == 0 else 1
+        for t in range(tries):
+            run = faultkit.Executor(voyage, args, logs, ray_tmp, name=f"killed{k}-{t}")
             tags.append(run.tag)
             hit = faultkit.wait_for(lambda: not run.running() or moment(prefix), 120)
-            if run.running() and hit:
+            if (run.running() and hit) or t == tries - 1 or run.wait(60) != 0:
                 break
-            if tries < 2 and quick and k == 0 and run.wait(60) == 0:
-                shutil.rmtree(prefix, ignore_errors=True)  # it ran to the end unseen: again, from nothing
+            shutil.rmtree(prefix, ignore_errors=True)  # it ran to the end unseen: again, from nothing
         assert run.running() and hit, (k, moment.__name__, run.tail())
         run.kill()
         got = faultkit.audit(prefix)
