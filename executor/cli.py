@@ -185,11 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(e)
         return 2
     _setup_logging(opts.verbose)
-    # Loading the voyage, building its steps and the plan make many objects and no garbage
-    # cycles: the cyclic collector's passes over them were 10% of a dry-run's CPU. It runs
-    # again before steps run (`_run`), and after, for a caller that calls main() in-process.
-    collecting = cyclic_gc.isenabled()
-    cyclic_gc.disable()
     try:
         return _main(opts, parser, want_help)
     except VoyageError as e:
@@ -198,6 +193,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Loading the voyage, building its steps and the plan make many objects and no garbage
+    cycles: the cyclic collector's passes over them were 10% of a dry-run's CPU. Paused for that
+    only; what follows (a run, which-saw, drawings) collects as usual."""
+    collecting = cyclic_gc.isenabled()
+    cyclic_gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             cyclic_gc.enable()
@@ -218,24 +224,25 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         check_target(opts.viz)  # a bad extension, or .svg without graphviz: before anything is done
     if opts.gc and not want_help:
         return _gc(opts)
-    vf = voyage_mod.load(opts.voyage)
     if want_help:
+        vf = voyage_mod.load(opts.voyage)
         parser.print_help()
         if vf.config_class is not None:
             print(f"\nconfig of {opts.voyage} ({vf.config_class.__name__}):")
             _config_help(vf.config_class, opts.voyage)
         return 0
-    config = _parse_config(vf, opts.overrides)
-    steps = voyage_mod.build_steps(vf, config)
-
     from executor import api
     from executor.plan import Selection
 
-    # Planning reads and writes nothing under the prefix but status reads: a bad step name,
-    # selection or setting is found here, before anything is written.
-    plan = api.plan_steps(steps, opts.prefix, Selection(rerun=opts.rerun, downstream=opts.downstream,
-                                                         only=opts.only), lease_ttl=opts.lease_ttl,
-                          policy=_voyage_policy(vf, config))
+    with _collector_paused():
+        vf = voyage_mod.load(opts.voyage)
+        config = _parse_config(vf, opts.overrides)
+        steps = voyage_mod.build_steps(vf, config)
+        # Planning reads and writes nothing under the prefix but status reads: a bad step name,
+        # selection or setting is found here, before anything is written.
+        plan = api.plan_steps(steps, opts.prefix, Selection(rerun=opts.rerun, downstream=opts.downstream,
+                                                             only=opts.only), lease_ttl=opts.lease_ttl,
+                              policy=_voyage_policy(vf, config))
     if opts.explain:
         from executor.explain import check_name
 
@@ -275,7 +282,6 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
     if not plan.to_run():
         print("nothing to run: every selected step is cached")
         return 0
-    cyclic_gc.enable()  # (paused by main while planning) a run lasts: its garbage must be collected
     summary = run_plan(plan, ray_address=opts.ray_address, max_concurrent=opts.max_concurrent,
                        pickle_by_value=[vf.module], voyage=vf.name if opts.live_page else None,
                        on_page=lambda url: print(f"voyage page: {url}", flush=True))
@@ -288,8 +294,6 @@ def _gc(opts: Options) -> int:
     what is reached; the rest under the prefix is listed, and deleted with --yes (executor.gc)."""
     from executor import gc, sweep, voyage as voyage_mod
     from executor.api import check_settings
-
-    cyclic_gc.enable()  # (paused by main) listing and sweeping a large prefix lasts
     from executor.dag import build_dag
     from executor.store import Store
 
