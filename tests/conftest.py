@@ -63,20 +63,28 @@ def gcs_emulator():
     Ray workers and subprocesses started after it, talks to the emulator.
     """
     exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    port = free_port()
-    proc = subprocess.Popen([exe, "start", f"--port={port}", "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    # The emulator binds the port itself, after free_port() let it go: another process may take it
+    # in between. Then the emulator exits, and a port that answers is someone else's: a new port.
+    for _ in range(5):
+        port = free_port()
+        proc = subprocess.Popen([exe, "start", f"--port={port}", "--in-memory"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(0.2)  # an emulator that lost the port exits right after its bind fails
+        if proc.poll() is None:
+            if time.time() < deadline:
+                break
+            proc.kill()
+            pytest.fail("the GCS emulator did not start in 30 s")
     else:
-        proc.kill()
-        pytest.fail("the GCS emulator did not start")
+        pytest.fail("the GCS emulator exited on five ports in a row")
+    endpoint = f"http://127.0.0.1:{port}"
     old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN")}
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     os.environ["FSSPEC_GS_TOKEN"] = "anon"

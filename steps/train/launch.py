@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
-import socket
 import tempfile
 import traceback
 from typing import Any, Callable
@@ -122,7 +121,25 @@ def _unwrap(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) and cause is not e else e
 
 
-def _spawned(rank: int, workers: int, port: int, cuda: bool, target: Callable[..., Any], args: tuple,
+def _rendezvous(rank: int, workers: int, ports: Any) -> Any:
+    """The group's TCPStore. Rank 0 listens on a port the OS gives it (port 0) and tells the others
+    through `ports`: a port picked by the parent and bound later by rank 0 could be taken by another
+    process in between (seen on CI as EADDRINUSE while the machine ran other suites)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=int(os.environ.get("MARIN_RENDEZVOUS_TIMEOUT", "300")))
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, workers, True, timeout=timeout, wait_for_workers=False)
+        for _ in range(workers - 1):
+            ports.put(store.port)
+        return store
+    # rank 0 dead before it listened: the parent sees its exit code and stops this process
+    return dist.TCPStore("127.0.0.1", ports.get(), workers, False, timeout=timeout)
+
+
+def _spawned(rank: int, workers: int, ports: Any, cuda: bool, target: Callable[..., Any], args: tuple,
              errors: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -130,7 +147,7 @@ def _spawned(rank: int, workers: int, port: int, cuda: bool, target: Callable[..
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(workers))
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("nccl" if cuda else "gloo", store=_rendezvous(rank, workers, ports), rank=rank,
                             world_size=workers)
     try:
         target(*args)
@@ -153,9 +170,6 @@ def spawn(target: Callable[..., Any], args: tuple, workers: int, cuda: bool = Fa
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # A fork server that has imported torch and the trainer once starts each worker in a fraction
     # of a fresh interpreter's import time; it forks from a clean single-threaded process, not
     # from this one (which may run Ray's threads).
@@ -163,8 +177,8 @@ def spawn(target: Callable[..., Any], args: tuple, workers: int, cuda: bool = Fa
     ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
                                 "torch.distributed.checkpoint.state_dict", "steps.train.loop",
                                 "steps.moe.expert_parallel"])
-    errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_spawned, args=(rank, workers, port, cuda, target, args, errors), daemon=True)
+    errors, ports = ctx.SimpleQueue(), ctx.SimpleQueue()
+    procs = [ctx.Process(target=_spawned, args=(rank, workers, ports, cuda, target, args, errors), daemon=True)
              for rank in range(workers)]
     for p in procs:
         p.start()
