@@ -33,7 +33,7 @@ from executor.attempts import logical as logical_url
 from executor.attempts import served as served_url
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
-from executor.failures import Hang, NonFinite
+from executor.failures import Hang, LeaseLost, NonFinite
 from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
 from executor.lineage_view import step_span
@@ -60,6 +60,7 @@ __all__ = [
     "IdentityError",
     "InputPath",
     "InputRef",
+    "LeaseLost",
     "License",
     "NonFinite",
     "LicensePolicy",

@@ -12,15 +12,17 @@ JSON, `licenses`: their ids) and to which a step adds what it knows from the dat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 
 from executor.errors import VoyageError
+from executor.failures import LeaseLost
 from executor.step import Resources
 from executor.store import url_to_fs
 
@@ -57,6 +59,18 @@ def local_map(fn: Callable[[Any], Any], items: Sequence[Any], resources: Resourc
     return [fn(item) for item in items]
 
 
+@dataclass(frozen=True)
+class LeaseRef:
+    """The lease an attempt runs under: enough for any process of the step (a training rank on
+    another node) to check that it still holds it."""
+
+    prefix: str
+    dirname: str
+    token: int
+    ttl: float
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class StepContext:
     """The running step's view of the world."""
@@ -70,6 +84,7 @@ class StepContext:
     results: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     mapper: Mapper = local_map
+    lease: LeaseRef | None = None  # None: run without leases (a test, a notebook): always ours
 
     def __post_init__(self) -> None:
         self.fs, self._root = url_to_fs(self.output)
@@ -85,8 +100,13 @@ class StepContext:
         return posixpath.join(self._root, *own_path(self.name, parts))
 
     def open(self, relpath: str, mode: str = "rb", **kwargs: Any) -> Any:
-        """Open a file inside the output folder (parents are created for writes)."""
+        """Open a file inside the output folder (parents are created for writes). A resumable
+        step's writes first check the lease (`fenced`): its folder is shared with the attempts of
+        its lineage, so a superseded attempt must stop before it writes there."""
         if any(m in mode for m in "wax+"):
+            if self.resumable:
+                with self.fenced(f"writing {relpath}"):
+                    pass
             self.fs.makedirs(posixpath.dirname(self.fs_path(relpath)), exist_ok=True)
         return self.fs.open(self.fs_path(relpath), mode, **kwargs)
 
@@ -106,6 +126,44 @@ class StepContext:
         target = "/".join([url.rstrip("/"), relpath.strip("/")]) if relpath else url
         fs, path = url_to_fs(target)
         return fs.open(path, mode, **kwargs)
+
+    @contextlib.contextmanager
+    def fenced(self, what: str, patience: float | None = None) -> Iterator[None]:
+        """Around writes that only the attempt holding the step's lease may make; raises
+        LeaseLost, before the block runs, once another executor holds the lease (it took the step
+        over: an attempt of a resumable step shares its folder with the attempts it resumed, so a
+        superseded one would write into its successor's, possibly committed, output).
+
+        On a local prefix the lease's lock is held while the block runs, so no takeover can slip
+        in between the check and the writes: keep the block short (a marker, a deletion), never
+        a whole checkpoint's upload. Elsewhere the lease must still have a quarter of its ttl left
+        (docs/leases.md). A lease that still carries our token but is due for renewal (our
+        executor is slow, or paused) is waited for up to `patience` seconds (ten ttls by default),
+        never written past: an expired lease can be taken over at any moment."""
+        if self.lease is None:
+            yield
+            return
+        from executor.lease import Leases
+        from executor.store import Store
+
+        ref = self.lease
+        leases = Leases(Store(ref.prefix, **ref.storage_options), ttl=ref.ttl)
+        deadline = time.monotonic() + (10 * ref.ttl if patience is None else patience)
+        while True:
+            with leases.fence(ref.dirname, ref.token) as ours:
+                if ours:
+                    yield
+                    return
+            holder = leases.holder(ref.dirname)
+            ours_still = holder is not None and not holder.unreadable and holder.token == ref.token \
+                and not holder.released
+            if not ours_still or time.monotonic() > deadline:
+                now = "its lease is now " + (holder.describe() if holder is not None else "gone") + \
+                    (f" (token {holder.token})" if holder is not None and not holder.unreadable else "")
+                why = "was not renewed for too long" if ours_still else "was taken over by another executor"
+                raise LeaseLost(f"step {self.name}, attempt {self.attempt} (token {ref.token}): the lease {why}, "
+                                f"so it stopped before {what}; {now}")
+            time.sleep(min(1.0, ref.ttl / 20))
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], resources: Resources | None = None) -> list:
         """`[fn(x) for x in items]`, spread over the cluster as one task per item when running

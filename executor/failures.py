@@ -51,6 +51,13 @@ class NonFinite(StepFailure):
     failure_class = NON_FINITE
 
 
+class LeaseLost(StepFailure):
+    """The attempt's lease no longer carries its token (another executor took the step over), or
+    was not renewed for too long: the attempt stops before a write its successor could see."""
+
+    failure_class = LOST_NODE  # its executor stopped renewing: as if its node had gone
+
+
 def classify(error: BaseException) -> str:
     """The failure class of an exception (one of CLASSES)."""
     named = getattr(error, "failure_class", None)
@@ -76,6 +83,8 @@ def classify_text(error: str | None) -> str:
         return HANG
     if head in ("NonFinite",):
         return NON_FINITE
+    if head in ("LeaseLost",):
+        return LOST_NODE
     if head in _OOM or "out of memory" in (error or "").lower():
         return OOM
     if head in _LOST or head in ("KeyboardInterrupt", "SystemExit"):

@@ -19,7 +19,9 @@ which no reader resolves until a `.status` naming it is committed. The order of 
    is swapped to SUCCESS naming the attempt, only if it still names this attempt: the commit.
 Status and record are written only inside the fence, and data only into the attempt's own folder,
 so an attempt that lost its lease (or was superseded by a retry of itself) never changes a byte a
-reader resolves. A failed attempt leaves `.status` FAILED with the old output still committed.
+reader resolves. A resumable step's folder is its lineage's: its writes check the lease themselves
+(`StepContext.fenced`, given the attempt's `LeaseRef`), so a superseded attempt of the lineage
+stops before it writes there. A failed attempt leaves `.status` FAILED with the old output still committed.
 This module is engine-agnostic: the Ray backend calls `execute` inside a Ray task.
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 
 from executor import attempts as layout
 from executor import environment
-from executor.context import Mapper, StepContext, local_map
+from executor.context import LeaseRef, Mapper, StepContext, local_map
 from executor.failures import classify
 from executor.lease import Leases
 from executor.refs import resolve
@@ -134,9 +136,11 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     if resumes:  # the lineage's folder survives; what a killed attempt had not committed goes
         store.clear_temporaries(folder)
 
+    lease = None if task.token is None else LeaseRef(task.prefix, task.dirname, task.token, task.lease_ttl,
+                                                     dict(task.storage_options))
     ctx = StepContext(name=task.name, output=store.url(folder), digest=task.digest, attempt=number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
-                      provenance=copy.deepcopy(task.provenance))
+                      provenance=copy.deepcopy(task.provenance), lease=lease)
     dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
     try:
         config = resolve(task.config, dirs.__getitem__, store.url(folder))

@@ -40,7 +40,7 @@ from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
 from steps.train.health import Entropy
 from steps.train.health import row as health_row
-from steps.train.saving import Saver
+from steps.train.saving import Saver, agreed
 from steps.train.spikes import OK, REWIND, SpikeGuard
 from steps.train.watchdog import Watchdog
 from steps.train.parallel import arrange, materialize, pick_device, pick_precision, unwrap
@@ -157,16 +157,15 @@ class Trainer:
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
         self.spikes = SpikeGuard(self.cfg.optimizer.spikes)
         self.saver = Saver(self.ctx.output, async_save=self.tcfg.async_checkpoint, keep_last=self.tcfg.keep_last,
-                           permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device)
+                           permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device,
+                           fence=self.ctx.fenced)
         self.entropy = Entropy(self.layers)
         self.rewinds: list[float] = []  # seconds from detection to training again, per rewind
 
     def resume(self) -> None:
         """From this step's own newest checkpoint, else from `init_from` (midtrain), else fresh."""
-        if self.main:
-            checkpoint.remove_incomplete(self.ctx.output)
-        if dist.is_initialized():
-            dist.barrier()
+        # a superseded attempt of this lineage may be mid-save here: only the lease's holder deletes
+        agreed(self.ctx.fenced, "removing unfinished checkpoints", lambda: checkpoint.remove_incomplete(self.ctx.output))
         own = checkpoint.list_checkpoints(self.ctx.output)
         source = own[-1].url if own else self.job.init_from
         if source is None or (not own and self.job.init_weights_only):
@@ -303,7 +302,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Steps until the phase's end; returns the last metrics row plus timings."""
         job, tcfg, ctx = self.job, self.tcfg, self.ctx
-        metrics = MetricsLog(ctx.path(METRICS_FILE), keep_through_step=self.step) if self.main else None
+        metrics = MetricsLog(ctx.path(METRICS_FILE), keep_through_step=self.step, fence=ctx.fenced) if self.main else None
         tracker = build_tracker(tcfg.tracker, self.main, ctx.name, ctx.digest, ctx.output,
                                 {"phase": job.phase, "model": dataclasses.asdict(job.model_config),
                                  "config": _plain(self.cfg)})

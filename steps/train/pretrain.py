@@ -94,7 +94,8 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     from steps.train.launch import launch
 
     job = prepare(config, ctx, phase)
-    write_reference(config.trainer.reference_curve, ctx.output)  # for the live page; a bad URL fails here
+    with ctx.fenced("writing the reference curve"):  # a superseded attempt of the lineage stops here
+        write_reference(config.trainer.reference_curve, ctx.output)  # for the live page; a bad URL fails here
     total, active = count_params(job.model_config)
     ctx.results.update(phase=phase, workers=job.workers, start_step=job.start, end_step=job.end,
                        total_steps=job.phases.total, params=total, active_params=active)

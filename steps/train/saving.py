@@ -22,6 +22,7 @@ still the one in force, and the next attempt deletes the unfinished folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import posixpath
 import json
@@ -30,7 +31,7 @@ import pickle
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import fsspec
 import torch
@@ -39,7 +40,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from executor import NonFinite, write_atomic
+from executor import LeaseLost, NonFinite, write_atomic
 from steps.train import checkpoint
 from steps.train.checkpoint import META, RUN, Writer
 
@@ -142,12 +143,42 @@ class _Pending:
     stall_s: float = 0.0
 
 
+def _unfenced(what: str) -> Any:
+    return contextlib.nullcontext()
+
+
+def agreed(fence: Callable[[str], Any], what: str, act: Callable[[], Any]) -> None:
+    """Rank 0 runs `act` inside `fence(what)` (StepContext.fenced: only while the attempt holds
+    the step's lease); every rank raises LeaseLost if rank 0 could not, so none waits in a
+    collective for a rank that stopped (one 4-byte all-reduce)."""
+    lost: LeaseLost | None = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            with fence(what):
+                act()
+        except LeaseLost as e:
+            lost = e
+    if dist.is_initialized():
+        flag = torch.tensor([int(lost is not None)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and lost is None:
+            raise LeaseLost(f"rank 0 found the step's lease taken over before {what}")
+    if lost is not None:
+        raise lost
+
+
 class Saver:
-    """Saves, verifies and marks the checkpoints of one training attempt; then applies retention."""
+    """Saves, verifies and marks the checkpoints of one training attempt; then applies retention.
+
+    A resumed attempt shares its folder with the attempt it resumed, which may still be running
+    (its executor paused past the lease's ttl while its workers trained on). So every write a
+    superseded attempt could make into its successor's output goes through `fence`
+    (StepContext.fenced): clearing a step's folder before a save, the marker that makes a
+    checkpoint count, and retention's deletions. A save starts only while the lease is ours."""
 
     def __init__(self, output: str, *, async_save: bool, keep_last: int, permanent_every: int, final_step: int,
-                 device: torch.device) -> None:
-        self.output, self.async_save = output, async_save
+                 device: torch.device, fence: Callable[[str], Any] = _unfenced) -> None:
+        self.output, self.async_save, self.fence = output, async_save, fence
         self.keep_last, self.permanent_every, self.final_step = keep_last, permanent_every, final_step
         self.device = device
         self.pending: _Pending | None = None
@@ -171,8 +202,8 @@ class Saver:
         if bad:
             raise NonFinite(f"step {step}: the state to checkpoint holds non-finite values in {len(bad)} tensors "
                             f"({', '.join(bad[:3])}); no checkpoint written")
-        if self.main:
-            checkpoint._rm(url)  # what an earlier, killed save of this step may have left
+        # what an earlier, killed save of this step may have left goes; a superseded attempt stops here
+        agreed(self.fence, f"saving checkpoint step-{step}", lambda: checkpoint._rm(url))
         checkpoint._barrier()
         rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
         if dist.is_initialized():
@@ -228,12 +259,15 @@ class Saver:
         checkpoint._barrier()
         with checkpoint._single_process_ok():
             verify(p.url, p.expected, p.sums)
-        if self.main:
-            run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
-                                              "upload_s": time.perf_counter() - p.started})
+        run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
+                                          "upload_s": time.perf_counter() - p.started})
+
+        def mark() -> None:
             write_atomic(f"{p.url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
             write_atomic(f"{p.url}/{META}", json.dumps(p.meta, indent=1, sort_keys=True).encode(), fsync=True)
             checkpoint.prune(self.output, self.keep_last, self.permanent_every, self.final_step)
+
+        agreed(self.fence, f"marking checkpoint step-{p.step} complete", mark)
         checkpoint._barrier()
         return p.step
 

@@ -18,12 +18,13 @@ import json
 import os
 import shutil
 import tempfile
+import contextlib
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import fsspec
 
-from executor import is_local
+from executor import LeaseLost, is_local
 from steps.data.formats import write_bytes
 from steps.moe.config import flops_per_token  # noqa: F401  (one formula for MFU and the voyage's budget)
 from steps.train.config import TrackerConfig
@@ -34,10 +35,14 @@ METRIC_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "expert
 
 
 class MetricsLog:
-    """The rows of metrics.jsonl, kept in memory and rewritten whole."""
+    """The rows of metrics.jsonl, kept in memory and rewritten whole. Each rewrite goes through
+    `fence` (StepContext.fenced): an attempt superseded by a takeover stops rewriting the file its
+    successor now writes (and stops at its next checkpoint, where every rank agrees on it)."""
 
-    def __init__(self, url: str, keep_through_step: int, flush_every: float = 5.0) -> None:
-        self.url, self.flush_every = url, flush_every
+    def __init__(self, url: str, keep_through_step: int, flush_every: float = 5.0,
+                 fence: Callable[[str], Any] = lambda what: contextlib.nullcontext()) -> None:
+        self.url, self.flush_every, self.fence = url, flush_every, fence
+        self.lost: LeaseLost | None = None
         self.rows: list[str] = []
         try:
             with fsspec.open(url, "r") as f:
@@ -58,8 +63,12 @@ class MetricsLog:
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        if force or now - self._last >= self.flush_every:
-            write_bytes(self.url, "".join(r + "\n" for r in self.rows).encode())
+        if self.lost is None and (force or now - self._last >= self.flush_every):
+            try:
+                with self.fence("rewriting metrics.jsonl"):
+                    write_bytes(self.url, "".join(r + "\n" for r in self.rows).encode())
+            except LeaseLost as e:  # rank 0 alone: raising here would leave the others in a collective
+                self.lost = e
             self._last = now
 
 

@@ -151,6 +151,48 @@ def test_a_paused_writer_never_changes_a_byte_of_the_output_that_took_over(store
     assert [x.state for x in plan.decisions] == ["CACHED", "CACHED"]
 
 
+@step_type(version="1", name="attempts_lineage", resumable=True)
+def lineage_parts(config: Parts, ctx) -> None:
+    """A resumable step: two parts naming the attempt that wrote them, its gate between them."""
+    for i in range(2):
+        if i:
+            _wait(config.gate)
+        with ctx.open(f"part-{i}.txt", "w") as f:
+            f.write(str(ctx.attempt))
+
+
+def run_lineage(store: Store, owner: str, ttl: float = 30, paused: bool = False, gate_p: str = ""):
+    leases = (Paused if paused else Leases)(store, ttl=ttl, owner=Owner(owner, 1, f"run-{owner}-{time.time_ns()}"))
+    plan = make_plan(build_dag([Step("p", lineage_parts, Parts(gate=gate_p))]), store, leases=leases, provenance=False)
+    return plan, Runner(plan, Inline(), leases, poll=0.01).run()
+
+
+def test_a_paused_writer_of_a_resumable_step_never_writes_into_the_attempt_that_resumed_it(store):
+    """A resumable step's next attempt resumes its lineage's folder, so a paused writer and the
+    attempt that took over share it. A writes part-0 and is paused past its ttl; B resumes A's
+    folder, writes both parts and commits; A resumes: its write of part-1 checks the lease
+    first (ctx.open of a resumable step is fenced) and stops. The output is B's alone."""
+    go = gate("lineage")
+    a_result: list = []
+    a = threading.Thread(target=lambda: a_result.append(run_lineage(store, "a", ttl=0.3, paused=True,
+                                                                    gate_p="lineage")))
+    a.start()
+    assert REACHED["lineage"].wait(30)
+    time.sleep(0.4)
+    plan_b, b = run_lineage(store, "b")
+    assert b.outcomes["p"].state == "SUCCESS", b.outcomes
+    d = plan_b.dag["p"].dirname
+    committed = store.read_status(d)
+    assert committed.attempt == 2 and len(store.fs.glob(store.path(d, ".attempts/*"))) == 1  # B resumed A's folder
+    go.set()
+    a.join(30)
+    _, a_summary = a_result[0]
+    assert a_summary.exit_code == 0 and a_summary.outcomes["p"].state == "CACHED", a_summary.outcomes
+    assert store.read_status(d) == committed
+    assert served_text(store, plan_b, "p", "part-0.txt") == served_text(store, plan_b, "p", "part-1.txt") == "2"
+    assert output_digest(store.manifest(store.served_dir(d))) == committed.output_digest
+
+
 def test_a_failed_rerun_keeps_the_old_output_and_its_consumers_cached(store, tmp_path):
     plan, summary = run(store, "a")
     assert summary.exit_code == 0

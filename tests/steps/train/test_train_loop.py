@@ -88,9 +88,15 @@ def test_pretrain_midtrain_eval(mix, tmp_path):
     assert ev.results["loss"] == res["loss"]
 
 
-def test_killed_run_resumes_bitwise(mix, tmp_path):
+@pytest.fixture(scope="module")
+def whole(mix, tmp_path_factory):
+    """An uninterrupted pretrain run that checkpoints every 7 steps (what resumed runs must equal)."""
     cfg = _config(mix, checkpoint_every=7, keep_last=2, permanent_every=0)
-    whole = run_step(pretrain, cfg, tmp_path / "whole", name="pre")
+    return cfg, run_step(pretrain, cfg, tmp_path_factory.mktemp("whole") / "whole", name="pre")
+
+
+def test_killed_run_resumes_bitwise(whole, tmp_path):
+    cfg, whole = whole
     killed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=17))
     with pytest.raises(Killed):
         run_step(pretrain, killed, tmp_path / "resumed", name="pre")
@@ -106,8 +112,8 @@ def test_killed_run_resumes_bitwise(mix, tmp_path):
     # Issue 13 item 11: the same artifacts byte for byte (DCP's .metadata without its per-save uuid
     # and path; timings and nodes in run.json, a declared log), so the output digests agree and an
     # identical rerun cuts off downstream; the logs differ and are listed without a checksum.
-    store = Store(str(tmp_path))
-    manifests = [store.manifest(d, pretrain.is_log) for d in ("whole", "resumed")]
+    manifests = [Store(os.path.dirname(d)).manifest(os.path.basename(d), pretrain.is_log)
+                 for d in (whole.output, str(tmp_path / "resumed"))]
     assert output_digest(manifests[0]) == output_digest(manifests[1])
     logs = {e.path for e in manifests[0] if e.log}
     assert {"metrics.jsonl", "checkpoints/step-46/run.json"} <= logs and not any(p.endswith("meta.json") for p in logs)
@@ -164,3 +170,56 @@ def test_step_modules_import_neither_torch_nor_ray():
     code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.train.eval; "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_successors_folder(whole, tmp_path):
+    """A resumed attempt shares its folder with the attempt it resumed, which may still be training
+    (its executor paused past the lease's ttl; bench/chaos.py saw such a writer rename a live
+    save's files). A takes the lease and trains; just before A marks step 14's checkpoint
+    complete, B takes the lease over. A stops there (LeaseLost; step 14 never counts), B resumes
+    the folder from step 7 and finishes with A's uninterrupted result, and A, waking again, stops
+    before it deletes or writes a byte of B's output."""
+    from executor import LeaseLost, StepContext
+    from executor.context import LeaseRef
+    from executor.lease import Leases, Owner
+
+    cfg, whole = whole
+    store, dirname = Store(str(tmp_path)), "pre"
+    out = tmp_path / dirname / ".attempts" / "a1"
+    leases_a = Leases(store, ttl=60, owner=Owner("host-a", 1, "run-a"))
+    leases_b = Leases(store, ttl=60, owner=Owner("host-b", 2, "run-b"))
+    lease_a, _ = leases_a.try_acquire(dirname)
+
+    def ctx(token):
+        return StepContext(name="pre", output=str(out), digest=("pre" * 64)[:64], resumable=True,
+                           lease=LeaseRef(str(tmp_path), dirname, token, 60.0))
+
+    a = ctx(lease_a.token)
+    fenced, taken = a.fenced, []
+
+    def take_over_first(what, patience=None):
+        if "marking checkpoint step-14" in what and not taken:
+            leases_a.release(dirname, lease_a)  # as if A's lease had expired unrenewed
+            taken.append(leases_b.try_acquire(dirname)[0])
+        return fenced(what, patience)
+
+    a.fenced = take_over_first
+    with pytest.raises(LeaseLost, match=r"step pre, attempt 1 \(token \d+\): the lease was taken over"):
+        pretrain(cfg, a)
+    assert taken and taken[0].token > lease_a.token
+    assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [7]
+    assert not (out / "checkpoints/step-14/meta.json").exists()  # A's upload is there, never counted
+
+    b = ctx(taken[0].token)
+    pretrain(cfg, b)
+    assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [42, 46]
+    (s1, w1), (s2, w2) = _weights(whole.output), _weights(str(out))
+    assert s1 == s2 == 46 and all(torch.equal(w1[k], w2[k]) for k in w1)
+
+    def files():
+        return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = files()
+    with pytest.raises(LeaseLost, match="taken over"):
+        pretrain(cfg, ctx(lease_a.token))  # A again: stops before its first write or deletion
+    assert files() == before
