@@ -174,11 +174,12 @@ def test_a_paused_writer_of_a_resumable_step_never_writes_into_the_attempt_that_
     first (ctx.open of a resumable step is fenced) and stops. The output is B's alone."""
     go = gate("lineage")
     a_result: list = []
-    a = threading.Thread(target=lambda: a_result.append(run_lineage(store, "a", ttl=0.3, paused=True,
+    # a ttl that outlasts a loaded machine's delay before A's first (fenced) write, then lapses
+    a = threading.Thread(target=lambda: a_result.append(run_lineage(store, "a", ttl=1.5, paused=True,
                                                                     gate_p="lineage")))
     a.start()
     assert REACHED["lineage"].wait(30)
-    time.sleep(0.4)
+    time.sleep(1.6)
     plan_b, b = run_lineage(store, "b")
     assert b.outcomes["p"].state == "SUCCESS", b.outcomes
     d = plan_b.dag["p"].dirname
