@@ -273,6 +273,12 @@ def _select_tier(config, items):
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     _select_tier(config, items)
+    # The laptop run (about a minute alone) is set up inside whichever of its users comes first,
+    # under that test's timeout; other workers wait for its lock meanwhile. 300 s was hit once on a
+    # machine loaded far past its cores: its users get twice the default.
+    for item in items:
+        if "laptop_voyage" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600))
     # on a worker (where the ids are collected) xdist sets `loadgroup`; elsewhere there is nothing to do
     if not getattr(config.option, "loadgroup", False):
         return
