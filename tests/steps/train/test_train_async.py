@@ -93,7 +93,49 @@ def test_async_saves_on_two_ranks_are_marked_while_training_goes_on(mix, tmp_pat
     with pytest.raises(Killed):
         run_step(pretrain, cfg, tmp_path / "two", name="pre")
     assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path / "two"))] == [5, 10]  # marked mid-run
-    done = run_step(pretrain, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0)),
-                    tmp_path / "two", name="pre")
+    # Another executor has taken the step's lease over: an attempt still holding the old token stops
+    # at its first write (the reference curve, before any worker starts) and changes nothing
+    from executor import LeaseLost
+    from executor.context import LeaseRef
+    from executor.lease import Leases, Owner
+    from executor.store import Store
+
+    store = Store(str(tmp_path))
+    old, _ = Leases(store, ttl=60, owner=Owner("a", 1, "run-a")).try_acquire("two")
+    Leases(store, ttl=60, owner=Owner("a", 1, "run-a")).release("two", old)
+    new, _ = Leases(store, ttl=60, owner=Owner("b", 2, "run-b")).try_acquire("two")
+    before = sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "two").rglob("*"))
+    resumed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0))
+    with pytest.raises(LeaseLost):
+        run_step(pretrain, resumed, tmp_path / "two", name="pre", lease=LeaseRef(str(tmp_path), "two", old.token, 60))
+    assert sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "two").rglob("*")) == before
+    done = run_step(pretrain, resumed, tmp_path / "two", name="pre", lease=LeaseRef(str(tmp_path), "two", new.token, 60))
     assert done.results["final_step"] == 21
     assert checkpoint.read_run(checkpoint.list_checkpoints(str(tmp_path / "two"))[-1].url)["verified"]["sampled"]
+
+
+@pytest.mark.parametrize("taken_over", [True, False])
+def test_two_ranks_agree_on_a_lost_lease_before_a_write(tmp_path, taken_over):
+    """`saving.agreed`: rank 0 checks the lease around the write; when another executor holds it,
+    both ranks raise LeaseLost (the other one by one all-reduce, not waiting in a collective for
+    a rank that stopped) and nothing is written; while the lease is ours rank 0 writes."""
+    from executor.context import LeaseRef
+    from executor.lease import Leases, Owner
+    from executor.store import Store
+    from steps.train.launch import spawn
+    from trainkit import write_if_agreed
+
+    store = Store(str(tmp_path))
+    a = Leases(store, ttl=60, owner=Owner("a", 1, "run-a"))
+    lease, _ = a.try_acquire("pre")
+    if taken_over:
+        a.release("pre", lease)
+        Leases(store, ttl=60, owner=Owner("b", 2, "run-b")).try_acquire("pre")
+    spawn(write_if_agreed, (LeaseRef(str(tmp_path), "pre", lease.token, 60.0), str(tmp_path)), 2)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    if taken_over:
+        assert said[0].startswith("LeaseLost: step pre, attempt 1") and "taken over" in said[0]
+        assert said[1] == "LeaseLost: rank 0 found the step's lease taken over before a test write"
+        assert not (tmp_path / "written").exists()
+    else:
+        assert said == ["ok", "ok"] and (tmp_path / "written").exists()

@@ -12,8 +12,11 @@ from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 CORPUS = pathlib.Path(__file__).resolve().parents[3] / "data/corpus"
 
 
-def run_step(fn, config, output, name="t"):
-    ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"))
+def run_step(fn, config, output, name="t", lease=None):
+    """`fn(config, ctx)` in this process; `lease` (executor.context.LeaseRef): the attempt's lease,
+    as the executor gives it (then the step is resumable, as training is)."""
+    ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"),
+                      lease=lease, resumable=lease is not None)
     fn(config, ctx)
     return ctx
 
@@ -39,3 +42,21 @@ def make_mixture(tokens, output, *, sequences, seq_len=33, stages=((0.75, {"kjv"
                            token_budget=sequences * seq_len, seq_len=seq_len, block_size=block_size,
                            stages=tuple(MixtureStage(f, w) for f, w in stages))
     return run_step(mixture, config, output).output
+
+
+def write_if_agreed(lease, folder):
+    """On each spawned rank: `saving.agreed` around rank 0's write of `folder/written`; each rank
+    writes what it got to `folder/rankN.txt` (test_train_async)."""
+    import torch.distributed as dist
+
+    from executor import LeaseLost
+    from steps.train.saving import agreed
+
+    ctx = StepContext(name="pre", output=folder, digest="0" * 64, lease=lease, resumable=True)
+    try:
+        agreed(ctx.fenced, "a test write", lambda: open(f"{folder}/written", "w").close())
+        said = "ok"
+    except LeaseLost as e:
+        said = f"LeaseLost: {e}"
+    with open(f"{folder}/rank{dist.get_rank()}.txt", "w") as f:
+        f.write(said)
