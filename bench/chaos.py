@@ -167,6 +167,9 @@ EXPLAINED = [
     (r"lease lost to another executor; SUCCESS not written; waiting for the new holder",
      "runner: the attempt of a paused executor (its lease taken over meanwhile) failed its fence at "
      "the commit: nothing written; it waits for the new holder's result"),
+    (r"LeaseLost: step \S+, attempt \d+ \(token \d+\): the lease (was taken over|was not renewed)",
+     "a superseded attempt of a resumable step (training) stopped before writing into the folder it "
+     "shares with its successor (ctx.fenced)"),
     (r"marin\.lease: lease of \S+ was lost to another executor",
      "heartbeat: a paused executor found, on waking, its lease taken over by another"),
     (r"Task \w+ failed\. There are \d+ retries remaining, so the task will be retried\. Error: Task "
