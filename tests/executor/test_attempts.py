@@ -123,10 +123,11 @@ def test_a_paused_writer_never_changes_a_byte_of_the_output_that_took_over(store
     committed output is B's alone, its manifest matches its files, and the consumer reads B's."""
     go = gate("paused")
     a_result: list = []
-    a = threading.Thread(target=lambda: a_result.append(run(store, "a", ttl=0.3, paused=True, gate_p="paused")))
+    # a ttl that outlasts a loaded machine's delay before A's first fenced write, then lapses
+    a = threading.Thread(target=lambda: a_result.append(run(store, "a", ttl=1.5, paused=True, gate_p="paused")))
     a.start()
     assert REACHED["paused"].wait(30)
-    time.sleep(0.4)  # A's lease expires while it is paused (nothing renews it)
+    time.sleep(1.6)  # A's lease expires while it is paused (nothing renews it)
     plan_b, b = run(store, "b")
     assert b.outcomes["p"].state == "SUCCESS" and b.outcomes["c"].state == "SUCCESS", b.outcomes
     committed = store.read_status(plan_b.dag["p"].dirname)

@@ -101,7 +101,7 @@ def test_a_crash_between_record_and_status_is_not_a_success(prefix):
 
 def test_the_local_fence_holds_off_a_takeover_until_its_writes_are_done(tmp_path):
     store = Store(str(tmp_path))
-    a = Leases(store, ttl=0.2, owner=Owner("a", 1, "run-a"))
+    a = Leases(store, ttl=1.0, owner=Owner("a", 1, "run-a"))  # lapses while the fence is held below
     b = Leases(store, ttl=30, owner=Owner("b", 2, "run-b"))
     lease, _ = a.try_acquire("d")
     taken = threading.Event()
@@ -109,7 +109,7 @@ def test_the_local_fence_holds_off_a_takeover_until_its_writes_are_done(tmp_path
         assert ours
         thread = threading.Thread(target=lambda: b.try_acquire("d")[0] and taken.set())
         thread.start()
-        assert not taken.wait(0.5)  # a's lease has expired meanwhile, but the fence is held
+        assert not taken.wait(1.3)  # a's lease has expired meanwhile, but the fence is held
     assert taken.wait(10)
     thread.join()
     assert not a.still_ours("d", lease.token)
