@@ -87,3 +87,45 @@ def test_summary_lists_failures_with_their_record_and_groups_successes(tmp_path)
     report.print_summary(RunSummary(outcomes=outcomes, seconds=12.0), big, out)
     lines = out.getvalue().splitlines()
     assert len(lines) < 50 and any("tokenized/* x 331" in line and "331.0s" in line for line in lines)
+
+
+def _tables(plan, unplaceable):
+    tables = []
+    for state in report.STATES:
+        group = [d for d in plan.decisions if d.state == state]
+        if group:
+            tables.append((state, len(group), report._plan_rows(plan, state, group, unplaceable)))
+    return tables
+
+
+def _through_rich(plan, unplaceable=None):
+    """The plan as rich draws it on a non-terminal (what a pipe got before the plain layout)."""
+    out = io.StringIO()
+    report._rich_plan(report.console_for(out), plan, _tables(plan, unplaceable or {}), unplaceable or {},
+                      relative=False)
+    return out.getvalue()
+
+
+def test_a_piped_plan_is_laid_out_as_rich_lays_it_out(tmp_path):
+    prefix = str(tmp_path / "p")
+    run_inline(small_voyage(), prefix)
+    plans = [(replan(small_voyage(value="A2"), prefix), None),
+             (replan(small_voyage(), prefix), {"model": "needs 8 GPU, the largest node has 0"}),
+             (synthetic_plan(1000, str(tmp_path / "v")), None)]
+    big = synthetic_plan(100, str(tmp_path / "w"))
+    plans.append((big, {d.name: "needs 1 TPU" for d in big.decisions[::3]}))
+    for plan, unplaceable in plans:
+        assert report._plain_plan(plan, _tables(plan, unplaceable or {}), unplaceable or {}) is not None
+        assert printed(plan, unplaceable=unplaceable) == _through_rich(plan, unplaceable)
+
+
+def test_a_plan_rich_would_lay_out_otherwise_still_goes_through_rich(tmp_path):
+    from executor.plan import Plan
+
+    plan = replan(small_voyage(value="A2"), str(tmp_path / "p"))
+    for reason in ("a wide character: 模型 -> 模型2", "a line\nbreak", "a\ttab", "long " * 250):
+        d = plan.decisions[0]
+        d.reason = reason
+        text = printed(Plan(plan.dag, plan.store, plan.decisions))
+        assert text == _through_rich(plan)
+        assert report._plain_plan(plan, _tables(plan, {}), {}) is None
