@@ -12,16 +12,18 @@ thin layer over these three verbs.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from executor.dag import build_dag
 from executor.errors import VoyageError
 from executor.lease import Leases
 from executor.licenses import LicensePolicy
 from executor.plan import Plan, Selection, make_plan
-from executor.runner import Listener, RunSummary
 from executor.step import Step
 from executor.store import Store
+
+if TYPE_CHECKING:  # running imports the runner (and the worker, and pydantic's records); planning does not
+    from executor.runner import Listener, RunSummary
 
 
 def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None = None, *,

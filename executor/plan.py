@@ -23,7 +23,7 @@ import posixpath
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from executor import environment
 from executor.dag import Dag, Node, gc_paused
@@ -35,7 +35,10 @@ from executor.lease import LeaseInfo, Leases
 from executor.licenses import LicensePolicy
 from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
-from executor.store import STATUS, Record, Status, Store, parse_status
+from executor.store import STATUS, Status, Store, parse_status
+
+if TYPE_CHECKING:
+    from executor.records import Record
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
     StepState.CACHED, StepState.RUN, StepState.RERUN, StepState.STALE, StepState.RETRY, StepState.WAITING,
