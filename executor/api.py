@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from executor.dag import build_dag
 from executor.errors import VoyageError
-from executor.lease import Leases
 from executor.licenses import LicensePolicy
 from executor.plan import Plan, Selection, make_plan
 from executor.step import Step
@@ -37,7 +36,9 @@ def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None =
         raise VoyageError(f"policy: a LicensePolicy, got {policy!r}")
     dag = build_dag(steps)
     store = Store(prefix)
-    return make_plan(dag, store, selection or Selection(), Leases(store, ttl=lease_ttl), policy=policy)
+    # The leases are made when the plan is run (or a folder is found RUNNING): a dry-run on a
+    # local folder then needs no fsspec filesystem at all.
+    return make_plan(dag, store, selection or Selection(), lease_ttl=lease_ttl, policy=policy)
 
 
 def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int = 16,

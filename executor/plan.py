@@ -96,11 +96,22 @@ class Plan:
     store: Store
     decisions: list[Decision] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
-    leases: Leases | None = None  # this executor's, when the plan may be run
     lineage: Lineage | None = None  # sources and licences of every step (None: planned without)
+    # This executor's leases, when the plan may be run (`leases`): given, or made when first asked
+    # for from `lease_ttl`. A dry-run never asks, and making them makes the store's filesystem,
+    # which on a local folder is the only reason a dry-run would import fsspec.
+    given_leases: Leases | None = field(default=None, repr=False)
+    lease_ttl: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.by_name = {d.name: d for d in self.decisions}
+
+    @property
+    def leases(self) -> Leases | None:
+        """This executor's leases (None: a plan made without them cannot be run)."""
+        if self.given_leases is None and self.lease_ttl is not None:
+            self.given_leases = Leases(self.store, ttl=self.lease_ttl)
+        return self.given_leases
 
     def commits(self) -> Counter:
         """How many finished outputs were made from each git commit (executor.environment)."""
@@ -127,8 +138,12 @@ class Plan:
 @gc_paused
 def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
               leases: Leases | None = None, explain_new: bool = True, policy: LicensePolicy | None = None,
-              provenance: bool = True) -> Plan:
+              provenance: bool = True, lease_ttl: float | None = None) -> Plan:
     """Decide, for every step, whether it is cached, must run, waits, or is skipped, and why.
+
+    `leases` are this executor's; without them, `lease_ttl` makes them when they are first
+    needed (a step's folder RUNNING, or the plan run): a plan made without either cannot be run,
+    and reads a RUNNING folder as interrupted.
 
     Before any status is read, the lineage of every step (its sources and their licences) is
     worked out from the DAG and every licence policy checked (`policy` binds every step; a
@@ -156,6 +171,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     else:
         wanted = None  # everything
 
+    plan = Plan(dag, store, lineage=lineage, given_leases=leases, lease_ttl=lease_ttl)
     decisions: dict[str, Decision] = {}
     for node in dag:
         status = statuses[node.dirname]
@@ -168,9 +184,9 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             d = Decision(node, RERUN, "forced by --rerun", will_run=True, status=status, fresh=True)
         elif done:
             d = _decide_done(node, status, statuses, forced, downstream_of_forced, sel)
-        elif status is not None and status.state == RUNNING and leases is not None and \
-                (holder := leases.holder(node.dirname)) is not None and holder.live() and \
-                holder.run_id != leases.owner.run_id:
+        elif status is not None and status.state == RUNNING and (ours := plan.leases) is not None and \
+                (holder := ours.holder(node.dirname)) is not None and holder.live() and \
+                holder.run_id != ours.owner.run_id:
             d = Decision(node, WAITING, f"leased by {holder.describe()}", will_run=True,
                          status=status, holder=holder)
         elif status is not None and status.state == RUNNING:
@@ -206,7 +222,9 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
         for d in decisions.values():
             if d.state == RUN and not d.reason:
                 d.reason = _corrupt_status(store, d.node.dirname, listings) or _why_new(d.node, store, dag)
-    return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases, lineage=lineage)
+    plan.decisions = [decisions[n.name] for n in dag]
+    plan.by_name = {d.name: d for d in plan.decisions}
+    return plan
 
 
 # Limits of the stores an output path must fit: a file name (one segment) on every common local

@@ -29,15 +29,15 @@ import uuid
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
-import fsspec
-
 from executor.state import StepState
 # Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (executor.files, which every
 # module writes through); `temp_path` is re-exported for the modules that name such files.
-from executor.files import TEMP_PREFIX, is_gcs, is_local, temp_path, write_atomic  # noqa: F401
+from executor.files import TEMP_PREFIX, is_gcs, is_local, local_root, temp_path, write_atomic  # noqa: F401
 from executor.reach import StoreError, error, probe, store_timeout  # noqa: F401  (StoreError: re-exported)
 
 if TYPE_CHECKING:
+    import fsspec
+
     from executor.records import Attempt, InputInfo, ManifestEntry, Record
 
 log = logging.getLogger("marin.store")
@@ -165,22 +165,41 @@ _KIND_WORDS = {name: " or ".join({str: "a string", float: "a number", int: "an i
 
 def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     """fsspec's filesystem and path for a URL; local folders create parents on write."""
+    import fsspec
+
     if "://" not in url or url.startswith("file://"):
         storage_options.setdefault("auto_mkdir", True)
     return fsspec.core.url_to_fs(url, **storage_options)
 
 
 class Store:
-    """The prefix under which every output lives, on one fsspec filesystem."""
+    """The prefix under which every output lives, on one fsspec filesystem.
+
+    On a local folder the filesystem (`fs`) is made on first use: a plan reads `.status` files
+    with plain `open` (as it always did there) and so needs no fsspec, whose import scans the
+    metadata of every installed package. Everything else goes through `fs` as before."""
 
     def __init__(self, prefix: str, **storage_options: Any) -> None:
         self.prefix = prefix.rstrip("/") or "/"
-        self.fs, root = url_to_fs(self.prefix, **storage_options)
+        self._options = storage_options
+        root = local_root(self.prefix)
+        if root is not None:
+            self._fs: fsspec.AbstractFileSystem | None = None
+            self.is_local, self._scheme, self._reached = True, "", True
+        else:
+            self._fs, root = url_to_fs(self.prefix, **storage_options)
+            self.is_local = is_local(self._fs)
+            protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
+            self._scheme = "" if self.is_local else f"{protocol}://"
+            self._reached = self.is_local or not is_gcs(self._fs)  # other stores: their library's retries
         self.root = root.rstrip("/")
-        self.is_local = is_local(self.fs)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        self._scheme = "" if self.is_local else f"{protocol}://"
-        self._reached = self.is_local or not is_gcs(self.fs)  # other stores: their library's retries
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem of the prefix."""
+        if self._fs is None:  # a local folder's: by its absolute path, whatever the working folder is now
+            self._fs = url_to_fs(self.root or "/", **self._options)[0]
+        return self._fs
 
     # -- paths ---------------------------------------------------------------------------------
     def url(self, dirname: str) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import posixpath
 
 import pytest
 
@@ -208,3 +209,31 @@ def test_a_plan_reads_statuses_without_pydantic_and_records_with_it(tmp_path):
             "from executor.store import Record; assert 'pydantic' in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("prefix", ["out", "./out", ".", "out/", "a/../b", "x y/z", "/", "/tmp//double/", "~",
+                                    "~/x", "~no_such_user_zz/x", "file:///tmp/y", "file://rel/z", "file:rel"])
+def test_a_local_prefix_has_the_root_fsspec_gives_it_without_fsspec(prefix, tmp_path, monkeypatch):
+    """A local Store works out its root without fsspec (a dry-run need not import it) and makes
+    its filesystem on first use: the root must be fsspec's, whatever the working folder is by then."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    monkeypatch.chdir(tmp_path)
+    store = Store(prefix)
+    want = fsspec.core.url_to_fs(prefix.rstrip("/") or "/")[1].rstrip("/")
+    assert store.root == want and store.is_local
+    monkeypatch.chdir("/")
+    assert isinstance(store.fs, LocalFileSystem) and store.root == want
+    assert store.to_url(store.path("a", ".status")) == posixpath.join(want, "a", ".status")
+
+
+def test_any_other_prefix_makes_its_filesystem_at_once():
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from executor.files import local_root
+
+    for prefix in ("memory://bucket/x", "local:///tmp/x", "simplecache::file:///tmp/x", "gs://b/x", "data:x"):
+        assert local_root(prefix) is None
+    store = Store("memory://bucket/x")
+    assert isinstance(store._fs, MemoryFileSystem) and not store.is_local and store.url("a") == "memory://bucket/x/a"
