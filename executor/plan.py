@@ -31,13 +31,13 @@ from executor.errors import VoyageError
 from executor.fingerprint import SCHEME as FINGERPRINT_SCHEME
 from executor.fingerprint import drift
 from executor.identity import diff, plain
-from executor.lease import LeaseInfo, Leases
 from executor.licenses import LicensePolicy
 from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
 from executor.store import STATUS, Status, Store, parse_status
 
 if TYPE_CHECKING:
+    from executor.lease import LeaseInfo, Leases
     from executor.records import Record
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
@@ -110,6 +110,8 @@ class Plan:
     def leases(self) -> Leases | None:
         """This executor's leases (None: a plan made without them cannot be run)."""
         if self.given_leases is None and self.lease_ttl is not None:
+            from executor.lease import Leases
+
             self.given_leases = Leases(self.store, ttl=self.lease_ttl)
         return self.given_leases
 
