@@ -98,7 +98,8 @@ class Status:
     committed: Status | None = None
 
     def __post_init__(self) -> None:
-        self.state = StepState(self.state)  # a state's string names it; anything else is a ValueError
+        if type(self.state) is not StepState:
+            self.state = StepState(self.state)  # a state's string names it; anything else is a ValueError
 
     def served(self) -> Status | None:
         """The committed SUCCESS this status serves: itself, the one a running or failed attempt
@@ -125,26 +126,26 @@ class Status:
 
     @classmethod
     def model_validate_json(cls, data: bytes | str) -> Status:
-        """The status in a `.status` file's bytes; ValueError naming the field that is wrong."""
-        return cls.from_json(json.loads(data))
+        """The status in a `.status` file's bytes (UTF-8 JSON); ValueError naming what is wrong."""
+        return cls.from_json(_DECODER.decode(data.decode() if isinstance(data, (bytes, bytearray)) else data))
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "") -> Status:
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             raise ValueError(f"{where or 'the file'}: a JSON object is needed, not {type(obj).__name__}")
         state = obj.get("state")
-        if not isinstance(state, str) or state not in _STATE_NAMES:
+        if type(state) is not str or state not in _STATE_OF:
             raise ValueError(f"{where}state: {state!r} is not a step state")
-        kwargs: dict[str, Any] = {"state": state}
-        for name, kinds in _FIELD_TYPES.items():
-            if name not in obj:
-                continue
-            value = obj[name]
-            if not (value is None and None in kinds) and not (type(value) in kinds):  # bool is not an int here
+        kwargs: dict[str, Any] = {"state": _STATE_OF[state]}
+        for name, value in obj.items():
+            kinds = _FIELD_TYPES.get(name)
+            if kinds is None:
+                continue  # `state` (read above), or a key of a newer writer's
+            if type(value) not in kinds:  # exact types: a bool is no int here, a string no number
                 raise ValueError(f"{where}{name}: {value!r} is not {_KIND_WORDS[name]}")
             kwargs[name] = value
         inputs = kwargs.get("inputs")
-        if inputs is not None:
+        if inputs:
             for key, value in inputs.items():
                 if value is not None and type(value) is not str:
                     raise ValueError(f"{where}inputs.{key}: {value!r} is not a string or null")
@@ -153,13 +154,17 @@ class Status:
         return cls(**kwargs)
 
 
-_STATE_NAMES = frozenset(s.value for s in StepState)
-_FIELD_TYPES: dict[str, tuple[Any, ...]] = {
-    "digest": (str,), "output_digest": (str, None), "inputs": (dict,), "inputs_by": (str,),
-    "time": (float, int), "attempt": (int,), "token": (int, None), "code": (str,), "env": (str,),
-    "commit": (str,), "dir": (str,), "committed": (dict, None)}
-_KIND_WORDS = {name: " or ".join({str: "a string", float: "a number", int: "an integer", dict: "an object",
-                                  None: "null"}[k] for k in kinds if not (k is int and float in kinds))
+_DECODER = json.JSONDecoder()
+_STATE_OF = {s.value: s for s in StepState}
+_NULL = type(None)
+_FIELD_TYPES: dict[str, frozenset[type]] = {
+    "digest": frozenset({str}), "output_digest": frozenset({str, _NULL}), "inputs": frozenset({dict}),
+    "inputs_by": frozenset({str}), "time": frozenset({float, int}), "attempt": frozenset({int}),
+    "token": frozenset({int, _NULL}), "code": frozenset({str}), "env": frozenset({str}), "commit": frozenset({str}),
+    "dir": frozenset({str}), "committed": frozenset({dict, _NULL})}
+_WORDS = {str: "a string", float: "a number", int: "an integer", dict: "an object", _NULL: "null"}
+_KIND_WORDS = {name: " or ".join(_WORDS[k] for k in (str, float, int, dict, _NULL)
+                                 if k in kinds and not (k is int and float in kinds))
                for name, kinds in _FIELD_TYPES.items()}
 
 
@@ -464,13 +469,24 @@ def _remove(fs: fsspec.AbstractFileSystem, path: str, recursive: bool = False) -
 
 
 def _read_local(path: str) -> bytes | OSError | None:
+    """The bytes of a local file, None if there is none, or the OSError that reading it raised.
+    Read with the OS's calls: a plan reads one per step, and a Python file object asks the OS
+    more (fstat twice) than the read itself."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):  # a file where a folder of the path would be: no status
         return None
     except OSError as e:
         return e
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:  # a folder where the file should be (EISDIR comes from the read)
+        return e
+    finally:
+        os.close(fd)
 
 
 # What a `.status` must hold to be believed: a SUCCESS names the recipe digest it was made for and
