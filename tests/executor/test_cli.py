@@ -368,3 +368,16 @@ def voyage(config: Cfg):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert f"plan of 3 steps under {prefix}: CACHED 3" in out.stdout and "IMPORTED []" in out.stdout, out.stdout
+
+
+def test_only_the_command_itself_leaves_its_dry_runs_plan_to_the_exit(tmp_path):
+    """`marin-run --dry-run` (main() reading the process's own argv) ends with the collector off
+    and the plan frozen (the OS frees it, no last collection walks it); a caller of main(argv)
+    keeps its collector as it was."""
+    code = ("import gc, sys; from executor.cli import main; args = sys.argv[1:]; "
+            "rc = main(args); print('CALLER', gc.isenabled(), gc.get_freeze_count()); "
+            "sys.argv[1:] = args; rc = main(); print('COMMAND', gc.isenabled(), gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code, HELLO, "--dry-run", "--prefix", str(tmp_path / "p")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "CALLER True 0" in out.stdout and "COMMAND False True" in out.stdout, out.stdout
