@@ -195,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`marin-run ... | head`): exit 1 quietly, as rich did
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        return 1
     finally:
         if whole_process and opts.dry_run and not opts.viz:
             _left_to_exit()

@@ -381,3 +381,13 @@ def test_only_the_command_itself_leaves_its_dry_runs_plan_to_the_exit(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "CALLER True 0" in out.stdout and "COMMAND False True" in out.stdout, out.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_plan_quietly(tmp_path):
+    """`marin-run V --dry-run | head`: the plan is written without rich to a pipe, so the broken
+    pipe is ours to handle: exit 1 and nothing on stderr, as when rich wrote it."""
+    proc = subprocess.Popen([sys.executable, "-m", "executor.cli", HELLO, "--dry-run", "--prefix", str(tmp_path / "p")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == "", err
