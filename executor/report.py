@@ -14,6 +14,7 @@ a wide character, a line over the width) still goes through rich.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -133,19 +134,30 @@ class Cells:
 def print_plan(plan: Plan, out: TextIO, unplaceable: dict[str, str] | None = None) -> None:
     """`--dry-run`: counts by state, then each state's steps with resources, path and reason."""
     unplaceable = unplaceable or {}
-    tty = _is_tty(out)
-    # A terminal gets paths relative to the prefix, so that they fit; a pipe gets whole URLs.
-    relative = tty
     by_state: dict[str, list[Decision]] = defaultdict(list)
     for d in plan.decisions:
         by_state[d.state].append(d)
-    tables = [(state, len(by_state[state]), _plan_rows(plan, state, by_state[state], unplaceable, relative))
-              for state in STATES if by_state.get(state)]
-    text = None if tty else _plain_plan(plan, tables, unplaceable)
-    if text is not None:
-        out.write(text)
+
+    def tables(relative: bool) -> list[tuple[str, int, list[Cells]]]:
+        return [(state, len(by_state[state]), _plan_rows(plan, state, by_state[state], unplaceable, relative))
+                for state in STATES if by_state.get(state)]
+
+    piped = not _is_tty(out) and not _TERMINAL_ENV & os.environ.keys()
+    if piped:  # what rich calls no terminal: paths whole, laid out here when it can be
+        rows = tables(relative=False)
+        text = _plain_plan(plan, rows, unplaceable)
+        if text is not None:
+            out.write(text)
+            return
+        _rich_plan(console_for(out), plan, rows, unplaceable, relative=False)
         return
-    _rich_plan(console_for(out), plan, tables, unplaceable, relative)
+    con = console_for(out)
+    # A terminal gets paths relative to the prefix, so that they fit; a pipe gets whole URLs.
+    _rich_plan(con, plan, tables(relative=con.is_terminal), unplaceable, con.is_terminal)
+
+
+# Variables with which rich takes any output for a terminal (or not): rich decides where they are set.
+_TERMINAL_ENV = frozenset({"FORCE_COLOR", "TTY_COMPATIBLE"})
 
 
 def _rich_plan(con: Console, plan: Plan, tables: list[tuple[str, int, list[Cells]]], unplaceable: dict[str, str],

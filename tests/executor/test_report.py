@@ -129,3 +129,14 @@ def test_a_plan_rich_would_lay_out_otherwise_still_goes_through_rich(tmp_path):
         text = printed(Plan(plan.dag, plan.store, plan.decisions))
         assert text == _through_rich(plan)
         assert report._plain_plan(plan, _tables(plan, {}), {}) is None
+
+
+def test_where_rich_is_told_the_output_is_a_terminal_rich_still_draws_it(tmp_path, monkeypatch):
+    """FORCE_COLOR (or TTY_COMPATIBLE) makes rich treat a pipe as a terminal: paths relative to the
+    prefix, as before the plain layout existed."""
+    plan = replan(small_voyage(), str(tmp_path / "p"))
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    text = printed(plan)
+    assert f"{plan.dag['data/a'].dirname}" in text and plan.store.url(plan.dag["data/a"].dirname) not in text
+    monkeypatch.delenv("FORCE_COLOR")
+    assert plan.store.url(plan.dag["data/a"].dirname) in printed(plan)
