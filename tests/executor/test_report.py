@@ -140,3 +140,18 @@ def test_where_rich_is_told_the_output_is_a_terminal_rich_still_draws_it(tmp_pat
     assert f"{plan.dag['data/a'].dirname}" in text and plan.store.url(plan.dag["data/a"].dirname) not in text
     monkeypatch.delenv("FORCE_COLOR")
     assert plan.store.url(plan.dag["data/a"].dirname) in printed(plan)
+
+
+def test_a_plan_exactly_as_wide_as_a_pipe_line_and_one_wider(tmp_path):
+    """At the width where rich starts folding the reason column, the plain layout hands over."""
+    from executor.plan import Plan
+
+    plan = replan(small_voyage(value="A2"), str(tmp_path / "p"))
+    first = plan.decisions[0]
+    rows = next(rows for _, _, rows in _tables(plan, {}) if any(r.step == first.name for r in rows))
+    others = sum(max(len(getattr(r, f)) for r in rows) for f in ("step", "count", "resources", "path"))
+    for over in (-1, 0, 1):  # the line's width: the columns, 2 spaces between each, the reason last
+        first.reason = "r" * (report.PIPE_WIDTH - others - 8 + over)
+        plain = report._plain_plan(plan, _tables(plan, {}), {})
+        assert (plain is None) == (over > 0)
+        assert printed(Plan(plan.dag, plan.store, plan.decisions)) == _through_rich(plan)

@@ -237,3 +237,11 @@ def test_any_other_prefix_makes_its_filesystem_at_once():
         assert local_root(prefix) is None
     store = Store("memory://bucket/x")
     assert isinstance(store._fs, MemoryFileSystem) and not store.is_local and store.url("a") == "memory://bucket/x/a"
+
+
+def test_a_status_nested_past_the_recursion_limit_is_corrupt_not_a_crash():
+    from executor.store import parse_status
+
+    deep = '{"state": "SUCCESS", "digest": "d", "output_digest": "o", "committed": ' * 5000 + "null" + "}" * 5000
+    status, problem = parse_status(deep)
+    assert status is None and problem
