@@ -110,11 +110,14 @@ class Status:
         """The folder (relative to the prefix) of this status's attempt."""
         return f"{dirname}/{self.dir}" if self.dir else dirname
 
-    def model_dump(self) -> dict[str, Any]:
-        """The fields as a dict (`committed` as a dict too), as written to `.status`."""
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        """The fields as a dict (`committed` as a dict too), as written to `.status`; with
+        `mode="json"` the state is a plain string."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["inputs"] = dict(self.inputs)
-        out["committed"] = self.committed.model_dump() if self.committed is not None else None
+        out["committed"] = self.committed.model_dump(mode) if self.committed is not None else None
+        if mode == "json":
+            out["state"] = self.state.value
         return out
 
     def model_dump_json(self) -> str:

@@ -193,7 +193,8 @@ def test_a_status_field_of_the_wrong_type_is_refused_as_pydantic_refused_it(key,
 def test_a_good_status_reads_the_same_as_with_pydantic(extra):
     data = json.dumps({**GOOD, **extra})
     new, old = Status.model_validate_json(data), _pydantic_status().model_validate_json(data)
-    assert new.model_dump() == old.model_dump()
+    assert new.model_dump() == old.model_dump() and new.model_dump(mode="json") == old.model_dump(mode="json")
+    assert type(new.model_dump(mode="json")["state"]) is str
     assert Status.model_validate_json(new.model_dump_json()) == new  # and writes back what it read
     assert new.model_copy(update={"state": "FAILED"}).state == "FAILED" and new.state == json.loads(data)["state"]
 
