@@ -27,6 +27,8 @@ and for naming other outputs without their attempts (docs/concepts.md, "Attempts
 Importing it imports neither Ray nor torch.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from executor.api import plan_steps, run_plan, run_steps
 from executor.attempts import attempt_root
 from executor.attempts import logical as logical_url
@@ -38,7 +40,6 @@ from executor.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
 from executor.lineage_view import step_span
 from executor.plan import Plan, Selection
-from executor.runner import RunSummary
 from executor.state import StepState
 from executor.step import (
     InputPath,
@@ -53,6 +54,20 @@ from executor.step import (
     step_type,
     this_output,
 )
+
+if TYPE_CHECKING:
+    from executor.runner import RunSummary
+
+
+def __getattr__(name: str) -> Any:
+    # The runner imports the worker and the record's pydantic models: only a run needs them, and
+    # `marin-run --dry-run` imports this package (through the voyage) without running anything.
+    if name == "RunSummary":
+        from executor.runner import RunSummary
+
+        return RunSummary
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AtomicFile",

@@ -12,16 +12,17 @@ thin layer over these three verbs.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from executor.dag import build_dag
 from executor.errors import VoyageError
-from executor.lease import Leases
 from executor.licenses import LicensePolicy
 from executor.plan import Plan, Selection, make_plan
-from executor.runner import Listener, RunSummary
 from executor.step import Step
 from executor.store import Store
+
+if TYPE_CHECKING:  # running imports the runner (and the worker, and pydantic's records); planning does not
+    from executor.runner import Listener, RunSummary
 
 
 def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None = None, *,
@@ -35,7 +36,9 @@ def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None =
         raise VoyageError(f"policy: a LicensePolicy, got {policy!r}")
     dag = build_dag(steps)
     store = Store(prefix)
-    return make_plan(dag, store, selection or Selection(), Leases(store, ttl=lease_ttl), policy=policy)
+    # The leases are made when the plan is run (or a folder is found RUNNING): a dry-run on a
+    # local folder then needs no fsspec filesystem at all.
+    return make_plan(dag, store, selection or Selection(), lease_ttl=lease_ttl, policy=policy)
 
 
 def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int = 16,

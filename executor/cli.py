@@ -176,6 +176,8 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`marin-run`: with no `argv`, this process's own command line (the console script)."""
+    whole_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         opts, parser, want_help = parse(argv)
@@ -193,6 +195,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`marin-run ... | head`): exit 1 quietly, as rich did
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        return 1
+    finally:
+        if whole_process and opts.dry_run and not opts.viz:
+            _left_to_exit()
+
+
+def _left_to_exit() -> None:
+    """A dry-run's process ends next: the plan it made (nodes and their consumers are reference
+    cycles) is then freed by the OS at once, where the interpreter's last collection would first
+    walk it (0.02 s of a 0.3 s dry-run at 3,000 steps). A dry-run holds no file or lock that a
+    collection would have to close; a caller of `main(argv)` keeps its collector as it was."""
+    cyclic_gc.disable()
+    cyclic_gc.freeze()
 
 
 @contextlib.contextmanager

@@ -15,9 +15,10 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
-from importlib import metadata
+import sys
 from typing import Any
 
 # The packages whose versions change what a step computes. triton only where installed (the GPU
@@ -38,14 +39,84 @@ def current(root: str | None = None) -> dict[str, Any]:
 
 
 def package_versions() -> dict[str, str]:
-    """python and the installed key packages, by version."""
+    """python and the installed key packages, by version (importlib.metadata's answers)."""
     out = {"python": platform.python_version()}
     for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+        version = dist_info_version(name)
+        if version is None:  # not the plain case: importlib.metadata decides
+            from importlib import metadata
+
+            try:
+                version = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        if version is not NOT_INSTALLED:
+            out[name] = version
     return out
+
+
+NOT_INSTALLED = "<not installed>"
+
+
+def dist_info_version(name: str) -> str | None:
+    """`importlib.metadata.version(name)` where the answer is plain, without importing
+    importlib.metadata (its email, zipfile and csv are a tenth of what a dry-run imports, and every
+    plan asks for these versions): the first `<name>-*.dist-info` folder on sys.path, in its order,
+    and the Version header of its METADATA; NOT_INSTALLED when every sys.path entry is a folder and
+    none holds one. None where importlib.metadata could answer otherwise (an entry that is a file,
+    such as a zip; an egg; two candidates in one folder; no plain Version header): ask it then.
+    tests/executor/test_environment.py compares the two on every installed distribution."""
+    want = _normalized(name)
+    for entry in sys.path:
+        found = _dist_infos(entry or ".")
+        if found is None:
+            return None
+        candidates = found.get(want, [])
+        if not candidates:
+            continue
+        if len(candidates) > 1 or not candidates[0].endswith(".dist-info"):
+            return None
+        return _metadata_version(os.path.join(entry or ".", candidates[0], "METADATA"))
+    return NOT_INSTALLED
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")  # as importlib.metadata's Prepared
+
+
+@functools.lru_cache(maxsize=None)
+def _dist_infos(folder: str) -> dict[str, list[str]] | None:
+    """{normalized name: its `.dist-info`/`.egg-info` children} of a sys.path folder; {} for a
+    path that does not exist; None for one importlib.metadata reads otherwise (a zip, an egg)."""
+    try:
+        children = os.listdir(folder)
+    except OSError:
+        return None if os.path.isfile(folder) else {}
+    if os.path.basename(folder).lower().endswith(".egg"):
+        return None
+    out: dict[str, list[str]] = {}
+    for child in children:
+        low = child.lower()
+        if low.endswith((".dist-info", ".egg-info")):
+            out.setdefault(_normalized(low.rpartition(".")[0].partition("-")[0]), []).append(child)
+    return out
+
+
+def _metadata_version(path: str) -> str | None:
+    """The first Version header of a METADATA file (headers end at the first blank line)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except (OSError, ValueError):
+        return None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            return None
+        key, sep, value = line.partition(":")
+        if sep and key.lower() == "version":
+            folded = i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t")
+            return None if folded or not value.strip() else value.strip()
+    return None
 
 
 def git_state(root: str) -> dict[str, Any]:

@@ -22,9 +22,10 @@ import logging
 import os
 import posixpath
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
+if TYPE_CHECKING:  # fsspec is imported where a filesystem is made (its import scans every installed package)
+    import fsspec
 
 log = logging.getLogger("marin.files")
 
@@ -64,7 +65,24 @@ def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
 
 def url_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """fsspec's filesystem and path for a URL."""
+    import fsspec
+
     return fsspec.core.url_to_fs(url)
+
+
+def local_root(url: str) -> str | None:
+    """The path fsspec's local filesystem gives for `url` (a folder, or a `file://` URL), worked
+    out without importing fsspec; None for anything else (another protocol, a chained URL, a
+    path fsspec would read as a protocol, a non-POSIX OS). tests/executor/test_store.py checks it
+    against fsspec's own answer."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if os.sep != "/" or "://" in path or "::" in path or path.startswith(("file:", "local:", "data:")):
+        return None
+    if path.startswith("~"):  # as fsspec's make_path_posix: expanded, and taken as it comes out
+        path = os.path.expanduser(path)
+    elif not path.startswith("/"):
+        path = f"{os.getcwd()}/{path[2:] if path.startswith('./') else '' if path == '.' else path}"
+    return path.rstrip("/") or "/"
 
 
 class AtomicFile:

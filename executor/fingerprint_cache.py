@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 VERSION = 1
@@ -71,6 +70,8 @@ def put(key: str, parts: dict[str, str], trace: list[tuple[str, str, Any]]) -> N
             return  # a file changed while it was walked: which answer made the parts is unclear
     entry = {"version": VERSION, "key": key, "parts": parts,
              "trace": [[kind, arg, answer] for (kind, arg), answer in seen.items()]}
+    import tempfile  # only a cold walk writes an entry
+
     try:
         os.makedirs(where, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=where, prefix=".tmp-", suffix=".json")

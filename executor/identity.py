@@ -47,6 +47,13 @@ Kind = Any
 
 def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = None) -> Any:
     """The canonical, JSON-serializable, type-tagged encoding of a config value."""
+    t = type(value)  # the commonest values first, by exact type: each is what its branch below gives
+    if t is str:
+        return ["str", value]
+    if t is int and kind != "float":
+        return ["int", str(value)]
+    if t is InputRef:
+        return ["ref", digest_of(value), value.subpath]
     if value is None:
         return ["none"]
     if value is True or value is False:
@@ -219,7 +226,11 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 def _canonical(enc: Any) -> str:
-    return json.dumps(enc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(enc)
+
+
+# json.dumps with these arguments builds an encoder on every call; one is kept (same output).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 # How deep a config may nest. Deeper (or cyclic: a list that holds itself) is a bad config, one

@@ -23,7 +23,7 @@ import posixpath
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from executor import environment
 from executor.dag import Dag, Node, gc_paused
@@ -31,11 +31,14 @@ from executor.errors import VoyageError
 from executor.fingerprint import SCHEME as FINGERPRINT_SCHEME
 from executor.fingerprint import drift
 from executor.identity import diff, plain
-from executor.lease import LeaseInfo, Leases
 from executor.licenses import LicensePolicy
 from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
-from executor.store import STATUS, Record, Status, Store, parse_status
+from executor.store import STATUS, Status, Store, parse_status
+
+if TYPE_CHECKING:
+    from executor.lease import LeaseInfo, Leases
+    from executor.records import Record
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
     StepState.CACHED, StepState.RUN, StepState.RERUN, StepState.STALE, StepState.RETRY, StepState.WAITING,
@@ -93,11 +96,24 @@ class Plan:
     store: Store
     decisions: list[Decision] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
-    leases: Leases | None = None  # this executor's, when the plan may be run
     lineage: Lineage | None = None  # sources and licences of every step (None: planned without)
+    # This executor's leases, when the plan may be run (`leases`): given, or made when first asked
+    # for from `lease_ttl`. A dry-run never asks, and making them makes the store's filesystem,
+    # which on a local folder is the only reason a dry-run would import fsspec.
+    given_leases: Leases | None = field(default=None, repr=False)
+    lease_ttl: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.by_name = {d.name: d for d in self.decisions}
+
+    @property
+    def leases(self) -> Leases | None:
+        """This executor's leases (None: a plan made without them cannot be run)."""
+        if self.given_leases is None and self.lease_ttl is not None:
+            from executor.lease import Leases
+
+            self.given_leases = Leases(self.store, ttl=self.lease_ttl)
+        return self.given_leases
 
     def commits(self) -> Counter:
         """How many finished outputs were made from each git commit (executor.environment)."""
@@ -124,8 +140,12 @@ class Plan:
 @gc_paused
 def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
               leases: Leases | None = None, explain_new: bool = True, policy: LicensePolicy | None = None,
-              provenance: bool = True) -> Plan:
+              provenance: bool = True, lease_ttl: float | None = None) -> Plan:
     """Decide, for every step, whether it is cached, must run, waits, or is skipped, and why.
+
+    `leases` are this executor's; without them, `lease_ttl` makes them when they are first
+    needed (a step's folder RUNNING, or the plan run): a plan made without either cannot be run,
+    and reads a RUNNING folder as interrupted.
 
     Before any status is read, the lineage of every step (its sources and their licences) is
     worked out from the DAG and every licence policy checked (`policy` binds every step; a
@@ -153,6 +173,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     else:
         wanted = None  # everything
 
+    plan = Plan(dag, store, lineage=lineage, given_leases=leases, lease_ttl=lease_ttl)
     decisions: dict[str, Decision] = {}
     for node in dag:
         status = statuses[node.dirname]
@@ -165,9 +186,9 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
             d = Decision(node, RERUN, "forced by --rerun", will_run=True, status=status, fresh=True)
         elif done:
             d = _decide_done(node, status, statuses, forced, downstream_of_forced, sel)
-        elif status is not None and status.state == RUNNING and leases is not None and \
-                (holder := leases.holder(node.dirname)) is not None and holder.live() and \
-                holder.run_id != leases.owner.run_id:
+        elif status is not None and status.state == RUNNING and (ours := plan.leases) is not None and \
+                (holder := ours.holder(node.dirname)) is not None and holder.live() and \
+                holder.run_id != ours.owner.run_id:
             d = Decision(node, WAITING, f"leased by {holder.describe()}", will_run=True,
                          status=status, holder=holder)
         elif status is not None and status.state == RUNNING:
@@ -203,7 +224,9 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
         for d in decisions.values():
             if d.state == RUN and not d.reason:
                 d.reason = _corrupt_status(store, d.node.dirname, listings) or _why_new(d.node, store, dag)
-    return Plan(dag, store, [decisions[n.name] for n in dag], leases=leases, lineage=lineage)
+    plan.decisions = [decisions[n.name] for n in dag]
+    plan.by_name = {d.name: d for d in plan.decisions}
+    return plan
 
 
 # Limits of the stores an output path must fit: a file name (one segment) on every common local

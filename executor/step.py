@@ -310,12 +310,21 @@ def _join(a: str, b: str) -> str:
     return "/".join(p for p in (a.strip("/"), b.strip("/")) if p)
 
 
-def _caller_origin() -> str:
-    """file:line of the voyage code that built a Step, for error messages."""
+def _caller_origin() -> tuple[Any, int] | str:
+    """Where the voyage code that built a Step is: (its code object, the instruction), turned into
+    `file:line` by `_origin_text` only when an error message asks (`Step.origin`): finding a line
+    reads the code's whole line table, 76,000 entries for one generated voyage of 3,000 steps."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
-    return f"{frame.f_code.co_filename}:{_line(frame.f_code, frame.f_lasti)}" if frame else "?"
+    return (frame.f_code, frame.f_lasti) if frame else "?"
+
+
+def _origin_text(where: tuple[Any, int] | str) -> str:
+    if isinstance(where, str):
+        return where
+    code, lasti = where
+    return f"{code.co_filename}:{_line(code, lasti)}"
 
 
 # id(code) -> (code, offsets, lines), see _line; by id: hashing a code object hashes all of it
@@ -348,20 +357,20 @@ class Step:
     `licenses=LicensePolicy(...)` says which licences may reach the step (checked at plan time).
     """
 
-    __slots__ = ("name", "type", "config", "resources", "retry", "licenses", "origin", "__weakref__")
+    __slots__ = ("name", "type", "config", "resources", "retry", "licenses", "_origin", "__weakref__")
 
     def __init__(self, name: str, type: StepType, config: Any, *, resources: Resources | None = None,
                  retry: RetryPolicy | None = None, licenses: Any = None) -> None:
-        origin = _caller_origin()
+        self._origin = _caller_origin()  # its text is worked out only if an error message shows it
         if not isinstance(name, str) or not _NAME_RE.match(name) or _ALIASING & set(name.split("/")):
             raise VoyageError(
-                f"{origin}: bad step name {name!r}: use letters, digits and . _ - / "
+                f"{self.origin}: bad step name {name!r}: use letters, digits and . _ - / "
                 "(no leading or trailing '/', no empty, '.' or '..' segment)")
         if not isinstance(type, StepType):
-            raise VoyageError(f"{origin}: step {name!r}: {type!r} is not a step type "
+            raise VoyageError(f"{self.origin}: step {name!r}: {type!r} is not a step type "
                               "(decorate the function with @step_type)")
         if not dataclasses.is_dataclass(config) or isinstance(config, builtins_type):
-            raise VoyageError(f"{origin}: step {name!r}: config must be a dataclass instance, "
+            raise VoyageError(f"{self.origin}: step {name!r}: config must be a dataclass instance, "
                               f"got {config.__class__.__name__}")
         self.name = name
         self.type = type
@@ -372,9 +381,20 @@ class Step:
         # plan is made); like resources, not part of the digest: a policy refuses, it never changes
         # what a step makes.
         if licenses is not None and not isinstance(licenses, LicensePolicy):
-            raise VoyageError(f"{origin}: step {name!r}: licenses= takes a LicensePolicy, got {licenses!r}")
+            raise VoyageError(f"{self.origin}: step {name!r}: licenses= takes a LicensePolicy, got {licenses!r}")
         self.licenses = licenses
-        self.origin = origin
+
+    @property
+    def origin(self) -> str:
+        """`file:line` of the voyage code that built this Step, for error messages."""
+        if not isinstance(self._origin, str):
+            self._origin = _origin_text(self._origin)
+        return self._origin
+
+    def __getstate__(self) -> tuple[None, dict[str, Any]]:
+        # A copy or a pickle carries the origin's text, never a code object.
+        return None, {slot: self.origin if slot == "_origin" else getattr(self, slot)
+                      for slot in Step.__slots__ if slot != "__weakref__" and hasattr(self, slot)}
 
     def output(self, subpath: str = "") -> InputRef:
         """A reference to this step's output folder or a path inside it."""

@@ -26,16 +26,19 @@ import posixpath
 import re
 import time
 import uuid
-from typing import Any, Iterable
-
-import fsspec
-from pydantic import BaseModel, Field, ValidationError
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Iterable
 
 from executor.state import StepState
 # Uncommitted writes go to `.tmp-<hex>-<name>` beside their final name (executor.files, which every
 # module writes through); `temp_path` is re-exported for the modules that name such files.
-from executor.files import TEMP_PREFIX, is_gcs, is_local, temp_path, write_atomic  # noqa: F401
+from executor.files import TEMP_PREFIX, is_gcs, is_local, local_root, temp_path, write_atomic  # noqa: F401
 from executor.reach import StoreError, error, probe, store_timeout  # noqa: F401  (StoreError: re-exported)
+
+if TYPE_CHECKING:
+    import fsspec
+
+    from executor.records import Attempt, InputInfo, ManifestEntry, Record
 
 log = logging.getLogger("marin.store")
 
@@ -51,83 +54,37 @@ CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
 
-
-class InputInfo(BaseModel):
-    """What a step read from one of its inputs."""
-
-    name: str
-    digest: str
-    output_digest: str | None = None
-    path: str
+# The record's models (pydantic) live in executor.records and are imported on first use: a plan
+# reads only `.status` files, and pydantic's import was a tenth of a whole dry-run.
+_RECORD_MODELS = ("Attempt", "InputInfo", "ManifestEntry", "Record")
 
 
-class Attempt(BaseModel):
-    """One try at running a step."""
+def __getattr__(name: str) -> Any:
+    if name in _RECORD_MODELS:
+        from executor import records
 
-    number: int
-    state: str
-    started: float
-    ended: float | None = None
-    host: str = ""
-    pid: int = 0
-    node: str | None = None
-    run_id: str = ""
-    token: int | None = None
-    reason: str = ""
-    error: str | None = None
-    traceback: str | None = None
-    failure: str | None = None  # its failure class (executor.failures), when it failed
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class ManifestEntry(BaseModel):
-    path: str
-    size: int
-    checksum: str
-    log: bool = False  # one of the step type's declared logs: listed, not in the output digest
+@dataclass
+class Status:
+    """`{output}/.status`.
 
-
-class Record(BaseModel):
-    """`{output}/.step.json`: how an output was made, for anyone auditing it."""
-
-    record_version: int = 1
-    name: str
-    step_type: str
-    version: str
-    digest: str
-    scheme: str
-    output_path: str
-    config: Any = None
-    code_fingerprint: str = ""
-    code_parts: dict[str, str] = Field(default_factory=dict)  # executor.fingerprint: unit -> hash
-    resources: dict[str, Any] = Field(default_factory=dict)
-    inputs: list[InputInfo] = Field(default_factory=list)
-    state: str = RUNNING
-    output_digest: str | None = None
-    manifest: list[ManifestEntry] | None = None
-    results: dict[str, Any] = Field(default_factory=dict)
-    # Where its data came from (docs/provenance.md): `sources` ({source step: licence}) and
-    # `licenses` from the DAG, and what the step itself adds (`tokens` consumed per source and
-    # per licence, for the mixture and training). Empty in records written before it existed.
-    provenance: dict[str, Any] = Field(default_factory=dict)
-    # The git commit (and dirty flag) and key package versions of the process that made it
-    # (executor.environment); recorded, not keyed. Empty in older records.
-    environment: dict[str, Any] = Field(default_factory=dict)
-    attempts: list[Attempt] = Field(default_factory=list)
-    created: float = Field(default_factory=time.time)
-    updated: float = Field(default_factory=time.time)
-
-
-class Status(BaseModel):
-    """`{output}/.status`."""
+    A plain class read field by field (`model_validate_json`), not a pydantic model: a plan reads
+    one per step before anything else, and the check is as strict as a JSON type check can be
+    (each field of its JSON type, a number never a string or a bool, unknown keys ignored so newer
+    files still read); `parse_status` adds what a status must hold to be believed. The method
+    names are pydantic's, which the rest of the executor calls."""
 
     state: StepState
     digest: str = ""
     output_digest: str | None = None
     # input name -> the output digest read from it; files written before inputs were keyed by
     # name (two inputs may share a digest) say "digest": input digest -> output digest
-    inputs: dict[str, str | None] = Field(default_factory=dict)
+    inputs: dict[str, str | None] = field(default_factory=dict)
     inputs_by: str = "digest"
-    time: float = Field(default_factory=time.time)
+    time: float = field(default_factory=time.time)
     attempt: int = 0
     token: int | None = None
     code: str = ""  # code fingerprint of the step function that made it
@@ -138,9 +95,13 @@ class Status(BaseModel):
     dir: str = ""
     # While an attempt runs or after it failed: the SUCCESS status it would replace, which stays
     # the served output until a new attempt commits (None: nothing committed yet).
-    committed: "Status | None" = None
+    committed: Status | None = None
 
-    def served(self) -> "Status | None":
+    def __post_init__(self) -> None:
+        if type(self.state) is not StepState:
+            self.state = StepState(self.state)  # a state's string names it; anything else is a ValueError
+
+    def served(self) -> Status | None:
         """The committed SUCCESS this status serves: itself, the one a running or failed attempt
         would replace, or None."""
         return self if self.state == SUCCESS else self.committed
@@ -149,28 +110,104 @@ class Status(BaseModel):
         """The folder (relative to the prefix) of this status's attempt."""
         return f"{dirname}/{self.dir}" if self.dir else dirname
 
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        """The fields as a dict (`committed` as a dict too), as written to `.status`; with
+        `mode="json"` the state is a plain string."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["inputs"] = dict(self.inputs)
+        out["committed"] = self.committed.model_dump(mode) if self.committed is not None else None
+        if mode == "json":
+            out["state"] = self.state.value
+        return out
 
-Status.model_rebuild()
+    def model_dump_json(self) -> str:
+        return json.dumps(self.model_dump(), separators=(",", ":"))
+
+    def model_copy(self, update: dict[str, Any] | None = None) -> Status:
+        """A copy with the fields in `update` replaced."""
+        return replace(self, **(update or {}))
+
+    @classmethod
+    def model_validate_json(cls, data: bytes | str) -> Status:
+        """The status in a `.status` file's bytes (UTF-8 JSON); ValueError naming what is wrong."""
+        return cls.from_json(_DECODER.decode(data.decode() if isinstance(data, (bytes, bytearray)) else data))
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "") -> Status:
+        if type(obj) is not dict:
+            raise ValueError(f"{where or 'the file'}: a JSON object is needed, not {type(obj).__name__}")
+        state = obj.get("state")
+        if type(state) is not str or state not in _STATE_OF:
+            raise ValueError(f"{where}state: {state!r} is not a step state")
+        kwargs: dict[str, Any] = {"state": _STATE_OF[state]}
+        for name, value in obj.items():
+            kinds = _FIELD_TYPES.get(name)
+            if kinds is None:
+                continue  # `state` (read above), or a key of a newer writer's
+            if type(value) not in kinds:  # exact types: a bool is no int here, a string no number
+                raise ValueError(f"{where}{name}: {value!r} is not {_KIND_WORDS[name]}")
+            kwargs[name] = value
+        inputs = kwargs.get("inputs")
+        if inputs:
+            for key, value in inputs.items():
+                if value is not None and type(value) is not str:
+                    raise ValueError(f"{where}inputs.{key}: {value!r} is not a string or null")
+        if kwargs.get("committed") is not None:
+            kwargs["committed"] = cls.from_json(kwargs["committed"], f"{where}committed.")
+        return cls(**kwargs)
+
+
+_DECODER = json.JSONDecoder()
+_STATE_OF = {s.value: s for s in StepState}
+_NULL = type(None)
+_FIELD_TYPES: dict[str, frozenset[type]] = {
+    "digest": frozenset({str}), "output_digest": frozenset({str, _NULL}), "inputs": frozenset({dict}),
+    "inputs_by": frozenset({str}), "time": frozenset({float, int}), "attempt": frozenset({int}),
+    "token": frozenset({int, _NULL}), "code": frozenset({str}), "env": frozenset({str}), "commit": frozenset({str}),
+    "dir": frozenset({str}), "committed": frozenset({dict, _NULL})}
+_WORDS = {str: "a string", float: "a number", int: "an integer", dict: "an object", _NULL: "null"}
+_KIND_WORDS = {name: " or ".join(_WORDS[k] for k in (str, float, int, dict, _NULL)
+                                 if k in kinds and not (k is int and float in kinds))
+               for name, kinds in _FIELD_TYPES.items()}
 
 
 def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     """fsspec's filesystem and path for a URL; local folders create parents on write."""
+    import fsspec
+
     if "://" not in url or url.startswith("file://"):
         storage_options.setdefault("auto_mkdir", True)
     return fsspec.core.url_to_fs(url, **storage_options)
 
 
 class Store:
-    """The prefix under which every output lives, on one fsspec filesystem."""
+    """The prefix under which every output lives, on one fsspec filesystem.
+
+    On a local folder the filesystem (`fs`) is made on first use: a plan reads `.status` files
+    with plain `open` (as it always did there) and so needs no fsspec, whose import scans the
+    metadata of every installed package. Everything else goes through `fs` as before."""
 
     def __init__(self, prefix: str, **storage_options: Any) -> None:
         self.prefix = prefix.rstrip("/") or "/"
-        self.fs, root = url_to_fs(self.prefix, **storage_options)
+        self._options = storage_options
+        root = local_root(self.prefix)
+        if root is not None:
+            self._fs: fsspec.AbstractFileSystem | None = None
+            self.is_local, self._scheme, self._reached = True, "", True
+        else:
+            self._fs, root = url_to_fs(self.prefix, **storage_options)
+            self.is_local = is_local(self._fs)
+            protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
+            self._scheme = "" if self.is_local else f"{protocol}://"
+            self._reached = self.is_local or not is_gcs(self._fs)  # other stores: their library's retries
         self.root = root.rstrip("/")
-        self.is_local = is_local(self.fs)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        self._scheme = "" if self.is_local else f"{protocol}://"
-        self._reached = self.is_local or not is_gcs(self.fs)  # other stores: their library's retries
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem of the prefix."""
+        if self._fs is None:  # a local folder's: by its absolute path, whatever the working folder is now
+            self._fs = url_to_fs(self.root or "/", **self._options)[0]
+        return self._fs
 
     # -- paths ---------------------------------------------------------------------------------
     def url(self, dirname: str) -> str:
@@ -274,6 +311,10 @@ class Store:
 
     def read_record_in(self, folder: str) -> Record | None:
         """The record `.step.json` of one attempt's folder (relative to the prefix)."""
+        from pydantic import ValidationError
+
+        from executor.records import Record
+
         path = self.path(folder, RECORD)
         try:
             data = self._bounded(lambda **bound: self.fs.cat_file(path, **bound), "read", self.to_url(path))
@@ -375,6 +416,8 @@ class Store:
     def manifest(self, dirname: str, is_log: Any = None) -> list[ManifestEntry]:
         """Every file of the output (control files excluded): relative path, size, checksum.
         Files that `is_log(relpath)` says are logs are listed with `log` set and no checksum."""
+        from executor.records import ManifestEntry
+
         folder = self.path(dirname)
         entries: list[ManifestEntry] = []
         try:
@@ -429,13 +472,24 @@ def _remove(fs: fsspec.AbstractFileSystem, path: str, recursive: bool = False) -
 
 
 def _read_local(path: str) -> bytes | OSError | None:
+    """The bytes of a local file, None if there is none, or the OSError that reading it raised.
+    Read with the OS's calls: a plan reads one per step, and a Python file object asks the OS
+    more (fstat twice) than the read itself."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):  # a file where a folder of the path would be: no status
         return None
     except OSError as e:
         return e
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:  # a folder where the file should be (EISDIR comes from the read)
+        return e
+    finally:
+        os.close(fd)
 
 
 # What a `.status` must hold to be believed: a SUCCESS names the recipe digest it was made for and
@@ -456,15 +510,12 @@ def _parse_status(path: str, data: Any) -> Status | None:
 def parse_status(data: bytes | str) -> tuple[Status | None, str]:
     """(the status, "") or (None, why the bytes are not a status a plan may believe)."""
     try:
-        status = Status.model_validate_json(data)  # parsed in pydantic's core: planning reads thousands
+        status = Status.model_validate_json(data)
         missing = [k for k in _REQUIRED.get(status.state, ()) if not getattr(status, k)]
         if missing:
             raise ValueError(f"{status.state} without {', '.join(missing)}")
         if status.committed is not None and status.committed.state != SUCCESS:
             raise ValueError("its committed output is not a SUCCESS")
         return status, ""
-    except ValidationError as e:
-        lines = str(e).splitlines()
-        return None, (lines[2].strip() if len(lines) > 2 else lines[0])
-    except ValueError as e:
-        return None, str(e).splitlines()[0]
+    except (ValueError, RecursionError) as e:  # JSON, UTF-8 and field errors are ValueErrors
+        return None, (str(e).splitlines() or [type(e).__name__])[0]

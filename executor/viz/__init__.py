@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import posixpath
 
-import fsspec
-
 from executor.errors import VoyageError
 from executor.plan import Plan
 
@@ -57,6 +55,8 @@ def render(plan: Plan, ext: str, title: str = "") -> bytes:
 
 def write_viz(plan: Plan, target: str, title: str = "") -> str:
     """Draw `plan` to `target` (a local path or any fsspec URL); returns the format written."""
+    import fsspec
+
     ext = check_target(target)
     data = render(plan, ext, title)
     local = "://" not in target or target.startswith("file://")

@@ -54,3 +54,25 @@ def test_the_api_hides_leases_and_ray(tmp_path, ray_local):
 
     assert Store(str(tmp_path)).read_record(plan["n"].node.dirname).results == {"words": 3}
     assert plan_steps(steps, str(tmp_path)).counts() == {"CACHED": 2}
+
+
+def test_a_plan_makes_its_leases_when_asked_and_still_sees_another_executors(tmp_path):
+    """plan_steps makes the executor's leases only when they are needed (a dry-run on a local
+    folder then needs no fsspec filesystem): a folder RUNNING under another executor's live lease
+    is still WAITING, and the plan that is run has one set of leases, made once."""
+    from executor.lease import Leases
+    from executor.store import RUNNING, Status, Store
+
+    steps = [Step("w", words, Words("a b"))]
+    plan = plan_steps(steps, str(tmp_path))
+    assert plan.given_leases is None and plan["w"].state == "RUN"
+    assert isinstance(plan.leases, Leases) and plan.leases is plan.leases and plan.leases.ttl == 60.0
+
+    store = Store(str(tmp_path))
+    dirname = plan.dag["w"].dirname
+    other = Leases(store, ttl=60.0)
+    assert other.try_acquire(dirname)[0] is not None
+    store.write_status(dirname, Status(state=RUNNING, digest=plan.dag["w"].digest))
+    again = plan_steps(steps, str(tmp_path), lease_ttl=30.0)
+    assert again["w"].state == "WAITING" and again["w"].holder.run_id == other.owner.run_id
+    assert again.leases.ttl == 30.0 and again.leases.owner.run_id != other.owner.run_id

@@ -337,3 +337,57 @@ def test_the_collector_paused_for_planning_is_running_again_after(tmp_path, caps
     assert code == 0 and gc.isenabled()
     code, _, _ = run_cli([str(tmp_path / "missing.py"), "--dry-run"], capsys)
     assert code == 2 and gc.isenabled()
+
+
+HEAVY = ("fsspec", "pydantic", "rich", "ray", "torch")
+
+
+def test_a_dry_run_of_a_cached_local_prefix_imports_no_fsspec_pydantic_or_rich(tmp_path):
+    """Issue 20: the whole process of a dry-run is mostly imports; a plan of a local folder whose
+    steps are all cached, printed to a pipe, reads `.status` files with `open` and lays the
+    table out itself. Running (or reading a record) still goes through fsspec and pydantic."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from vizkit import InlineBackend
+
+    from executor import voyage as voyage_mod
+    from executor.api import plan_steps
+    from executor.runner import Runner
+
+    path = write_voyage(tmp_path, VOYAGE_HEAD + """
+def voyage(config: Cfg):
+    a = Step("a", t, C("x"))
+    return [a] + [Step(f"b/{i}", t, C(output_of(a))) for i in range(config.n)]
+""")
+    prefix = str(tmp_path / "out")
+    vf = voyage_mod.load(path)
+    plan = plan_steps(voyage_mod.build_steps(vf, vf.config_class()), prefix)
+    assert Runner(plan, InlineBackend(), poll=0.01).run().exit_code == 0
+    code = ("import sys; from executor.cli import main; rc = main(sys.argv[1:]); "
+            f"print('IMPORTED', [m for m in {HEAVY!r} if m in sys.modules]); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, path, "--dry-run", "--prefix", prefix],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert f"plan of 3 steps under {prefix}: CACHED 3" in out.stdout and "IMPORTED []" in out.stdout, out.stdout
+
+
+def test_only_the_command_itself_leaves_its_dry_runs_plan_to_the_exit(tmp_path):
+    """`marin-run --dry-run` (main() reading the process's own argv) ends with the collector off
+    and the plan frozen (the OS frees it, no last collection walks it); a caller of main(argv)
+    keeps its collector as it was."""
+    code = ("import gc, sys; from executor.cli import main; args = sys.argv[1:]; "
+            "rc = main(args); print('CALLER', gc.isenabled(), gc.get_freeze_count()); "
+            "sys.argv[1:] = args; rc = main(); print('COMMAND', gc.isenabled(), gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code, HELLO, "--dry-run", "--prefix", str(tmp_path / "p")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "CALLER True 0" in out.stdout and "COMMAND False True" in out.stdout, out.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_plan_quietly(tmp_path):
+    """`marin-run V --dry-run | head`: the plan is written without rich to a pipe, so the broken
+    pipe is ours to handle: exit 1 and nothing on stderr, as when rich wrote it."""
+    proc = subprocess.Popen([sys.executable, "-m", "executor.cli", HELLO, "--dry-run", "--prefix", str(tmp_path / "p")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == "", err

@@ -108,3 +108,21 @@ def test_origin_names_the_line_of_each_step_in_a_long_generated_voyage():
     assert ns["other"]().origin == "/gen/voyage.py:6006"
     with pytest.raises(VoyageError, match=r"/gen/voyage.py:1: bad step name"):
         exec(compile("Step('../x', t, C())", "/gen/voyage.py", "exec"), ns)
+
+
+def test_a_steps_origin_is_worked_out_when_asked_and_copies_carry_its_text():
+    """Building a Step keeps where it was built; the line is read from the code's line table only
+    when an error message (or this test) asks, and a copy or a pickle carries the text."""
+    import copy
+
+    from executor import step as step_mod
+
+    ns = {"Step": Step, "t": t, "C": C}
+    exec(compile("\n\nmade = Step('late', t, C())\n", "/gen/late.py", "exec"), ns)
+    made = ns["made"]
+    assert not isinstance(made._origin, str)  # not worked out yet
+    step_mod._LINE_TABLES.clear()
+    assert made.__getstate__()[1]["_origin"] == "/gen/late.py:3"  # what pickle and copy take
+    twin = copy.deepcopy(made)
+    assert twin.origin == made.origin == "/gen/late.py:3" and isinstance(twin._origin, str)
+    assert twin.name == "late" and twin.type.key == t.key and twin.config == made.config

@@ -101,3 +101,40 @@ def test_status_and_record_written_before_these_fields_still_load(tmp_path):
     status = Status.model_validate_json(json.dumps(old))
     assert status.env == "" and status.commit == ""
     assert environment.differences({}, environment.current())[0].startswith("marin-voyage absent -> ")
+
+
+def test_versions_are_importlib_metadatas_without_importing_it(tmp_path, monkeypatch):
+    """The versions are read from the dist-info folders on sys.path (a plan needs them and
+    importlib.metadata's import was a tenth of a dry-run's): the same answer as importlib.metadata
+    for every installed distribution that reading answers, and for one installed twice, the first."""
+    from importlib import metadata
+
+    answered = 0
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        got = environment.dist_info_version(name)
+        if got is not None:
+            answered += 1
+            assert got == metadata.version(name), name
+    assert answered > 50 and environment.dist_info_version("no-such-package-zz") == environment.NOT_INSTALLED
+
+    for folder, version in (("first", "2.0"), ("second", "1.0")):
+        info = tmp_path / folder / "Fake_Pkg-{}.dist-info".format(version)
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fake-pkg\nVersion: {version}\n\nVersion: 9\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path / "first"), str(tmp_path / "second")])
+    environment._dist_infos.cache_clear()
+    try:
+        assert environment.dist_info_version("fake.pkg") == metadata.version("fake.pkg") == "2.0"
+        (tmp_path / "zipped.zip").write_bytes(b"PK")
+        sys.path.insert(0, str(tmp_path / "zipped.zip"))
+        assert environment.dist_info_version("fake.pkg") is None  # a zip on the path: importlib.metadata decides
+    finally:
+        environment._dist_infos.cache_clear()
+
+
+def test_the_versions_are_read_without_importing_importlib_metadata():
+    code = ("import sys; from executor import environment; v = environment.package_versions(); "
+            "print(sorted(v), 'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "'python'" in out.stdout and out.stdout.strip().endswith("False"), out.stdout + out.stderr

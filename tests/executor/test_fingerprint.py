@@ -24,6 +24,9 @@ def digest_of(fp) -> str:
 def module(tmp_path, monkeypatch):
     """`module(name, source)`: write `name.py` (or a package file) and import it afresh."""
     monkeypatch.syspath_prepend(str(tmp_path))
+    # No bytecode: an edit that keeps the file's size within the second of the last write (a
+    # warm fingerprint cache makes that likely) would otherwise import the stale .pyc.
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
 
     def make(name, source, files=()):
         for rel, text in files:

@@ -63,6 +63,9 @@ STEP = """
 @pytest.fixture
 def pkg(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    # No bytecode: an edit that keeps a file's size within the second of the last write would
+    # otherwise import the stale .pyc (the live default would be the old one).
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     write(tmp_path / "src" / "fpc_pkg" / "__init__.py", "")
     write(tmp_path / "src" / "fpc_pkg" / "helper.py", "def scale(x):\n    return x * 2\n")
     write(tmp_path / "src" / "fpc_pkg" / "step.py", STEP)

@@ -87,3 +87,71 @@ def test_summary_lists_failures_with_their_record_and_groups_successes(tmp_path)
     report.print_summary(RunSummary(outcomes=outcomes, seconds=12.0), big, out)
     lines = out.getvalue().splitlines()
     assert len(lines) < 50 and any("tokenized/* x 331" in line and "331.0s" in line for line in lines)
+
+
+def _tables(plan, unplaceable):
+    tables = []
+    for state in report.STATES:
+        group = [d for d in plan.decisions if d.state == state]
+        if group:
+            tables.append((state, len(group), report._plan_rows(plan, state, group, unplaceable)))
+    return tables
+
+
+def _through_rich(plan, unplaceable=None):
+    """The plan as rich draws it on a non-terminal (what a pipe got before the plain layout)."""
+    out = io.StringIO()
+    report._rich_plan(report.console_for(out), plan, _tables(plan, unplaceable or {}), unplaceable or {},
+                      relative=False)
+    return out.getvalue()
+
+
+def test_a_piped_plan_is_laid_out_as_rich_lays_it_out(tmp_path):
+    prefix = str(tmp_path / "p")
+    run_inline(small_voyage(), prefix)
+    plans = [(replan(small_voyage(value="A2"), prefix), None),
+             (replan(small_voyage(), prefix), {"model": "needs 8 GPU, the largest node has 0"}),
+             (synthetic_plan(1000, str(tmp_path / "v")), None)]
+    big = synthetic_plan(100, str(tmp_path / "w"))
+    plans.append((big, {d.name: "needs 1 TPU" for d in big.decisions[::3]}))
+    for plan, unplaceable in plans:
+        assert report._plain_plan(plan, _tables(plan, unplaceable or {}), unplaceable or {}) is not None
+        assert printed(plan, unplaceable=unplaceable) == _through_rich(plan, unplaceable)
+
+
+def test_a_plan_rich_would_lay_out_otherwise_still_goes_through_rich(tmp_path):
+    from executor.plan import Plan
+
+    plan = replan(small_voyage(value="A2"), str(tmp_path / "p"))
+    for reason in ("a wide character: 模型 -> 模型2", "a line\nbreak", "a\ttab", "long " * 250):
+        d = plan.decisions[0]
+        d.reason = reason
+        text = printed(Plan(plan.dag, plan.store, plan.decisions))
+        assert text == _through_rich(plan)
+        assert report._plain_plan(plan, _tables(plan, {}), {}) is None
+
+
+def test_where_rich_is_told_the_output_is_a_terminal_rich_still_draws_it(tmp_path, monkeypatch):
+    """FORCE_COLOR (or TTY_COMPATIBLE) makes rich treat a pipe as a terminal: paths relative to the
+    prefix, as before the plain layout existed."""
+    plan = replan(small_voyage(), str(tmp_path / "p"))
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    text = printed(plan)
+    assert f"{plan.dag['data/a'].dirname}" in text and plan.store.url(plan.dag["data/a"].dirname) not in text
+    monkeypatch.delenv("FORCE_COLOR")
+    assert plan.store.url(plan.dag["data/a"].dirname) in printed(plan)
+
+
+def test_a_plan_exactly_as_wide_as_a_pipe_line_and_one_wider(tmp_path):
+    """At the width where rich starts folding the reason column, the plain layout hands over."""
+    from executor.plan import Plan
+
+    plan = replan(small_voyage(value="A2"), str(tmp_path / "p"))
+    first = plan.decisions[0]
+    rows = next(rows for _, _, rows in _tables(plan, {}) if any(r.step == first.name for r in rows))
+    others = sum(max(len(getattr(r, f)) for r in rows) for f in ("step", "count", "resources", "path"))
+    for over in (-1, 0, 1):  # the line's width: the columns, 2 spaces between each, the reason last
+        first.reason = "r" * (report.PIPE_WIDTH - others - 8 + over)
+        plain = report._plain_plan(plan, _tables(plan, {}), {})
+        assert (plain is None) == (over > 0)
+        assert printed(Plan(plan.dag, plan.store, plan.decisions)) == _through_rich(plan)

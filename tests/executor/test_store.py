@@ -2,6 +2,7 @@
 
 import json
 import logging
+import posixpath
 
 import pytest
 
@@ -133,3 +134,115 @@ def test_clear_temporaries_removes_only_uncommitted_writes(tmp_path):
     assert sorted(store.clear_temporaries(d)) == sorted(left)
     assert store.manifest(d) == want and store.read_status(d) is not None
     assert store.clear_temporaries("steps/missing-0000000000") == []
+
+
+def _pydantic_status():
+    """The `.status` model as it was (pydantic) before Status was read by hand: the oracle."""
+    import time as clock
+
+    from pydantic import BaseModel, Field
+
+    from executor.state import StepState
+
+    class Old(BaseModel):
+        state: StepState
+        digest: str = ""
+        output_digest: str | None = None
+        inputs: dict[str, str | None] = Field(default_factory=dict)
+        inputs_by: str = "digest"
+        time: float = Field(default_factory=clock.time)
+        attempt: int = 0
+        token: int | None = None
+        code: str = ""
+        env: str = ""
+        commit: str = ""
+        dir: str = ""
+        committed: "Old | None" = None
+
+    Old.model_rebuild()
+    return Old
+
+
+GOOD = {"state": "SUCCESS", "digest": "d" * 64, "output_digest": "o" * 64, "inputs": {"a": "x", "b": None},
+        "inputs_by": "name", "time": 1.5, "attempt": 2, "token": 7, "code": "fp1:ab", "env": "e", "commit": "c",
+        "dir": ".attempts/0002-abc"}
+BAD_FIELDS = [("state", "DONE"), ("state", None), ("state", 3), ("digest", 5), ("digest", None),
+              ("output_digest", 1), ("inputs", []), ("inputs", {"a": 1}), ("inputs", None), ("time", "soon"),
+              ("time", None), ("attempt", "two"), ("attempt", None), ("attempt", 2.5), ("token", "x"),
+              ("committed", "yes"), ("committed", {"state": "SUCCESS", "attempt": "one"}), ("dir", ["x"])]
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS)
+def test_a_status_field_of_the_wrong_type_is_refused_as_pydantic_refused_it(key, value):
+    """Status is read by hand (a plan reads thousands and need not import pydantic): whatever it
+    refuses, the pydantic model it replaced refused too, and it believes nothing that one refused."""
+    from pydantic import ValidationError
+
+    from executor.store import parse_status
+
+    data = json.dumps({**GOOD, key: value})
+    status, problem = parse_status(data)
+    assert status is None and key in problem, problem
+    with pytest.raises(ValidationError):
+        _pydantic_status().model_validate_json(data)
+
+
+@pytest.mark.parametrize("extra", [{}, {"unknown": [1, 2]}, {"committed": dict(GOOD, dir="")},
+                                   {"state": "RUNNING", "output_digest": None, "committed": dict(GOOD)},
+                                   {"time": 3, "token": None, "inputs": {}}])
+def test_a_good_status_reads_the_same_as_with_pydantic(extra):
+    data = json.dumps({**GOOD, **extra})
+    new, old = Status.model_validate_json(data), _pydantic_status().model_validate_json(data)
+    assert new.model_dump() == old.model_dump() and new.model_dump(mode="json") == old.model_dump(mode="json")
+    assert type(new.model_dump(mode="json")["state"]) is str
+    assert Status.model_validate_json(new.model_dump_json()) == new  # and writes back what it read
+    assert new.model_copy(update={"state": "FAILED"}).state == "FAILED" and new.state == json.loads(data)["state"]
+
+
+def test_a_plan_reads_statuses_without_pydantic_and_records_with_it(tmp_path):
+    import subprocess
+    import sys
+
+    store = Store(str(tmp_path))
+    store.write_status("a-0000000000", Status(state=SUCCESS, digest="d", output_digest="o"))
+    code = ("import sys; from executor.store import Store; s = Store(sys.argv[1]); "
+            "assert s.read_status('a-0000000000').output_digest == 'o'; assert 'pydantic' not in sys.modules; "
+            "from executor.store import Record; assert 'pydantic' in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("prefix", ["out", "./out", ".", "out/", "a/../b", "x y/z", "/", "/tmp//double/", "~",
+                                    "~/x", "~no_such_user_zz/x", "file:///tmp/y", "file://rel/z", "file:rel"])
+def test_a_local_prefix_has_the_root_fsspec_gives_it_without_fsspec(prefix, tmp_path, monkeypatch):
+    """A local Store works out its root without fsspec (a dry-run need not import it) and makes
+    its filesystem on first use: the root must be fsspec's, whatever the working folder is by then."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    monkeypatch.chdir(tmp_path)
+    store = Store(prefix)
+    want = fsspec.core.url_to_fs(prefix.rstrip("/") or "/")[1].rstrip("/")
+    assert store.root == want and store.is_local
+    monkeypatch.chdir("/")
+    assert isinstance(store.fs, LocalFileSystem) and store.root == want
+    assert store.to_url(store.path("a", ".status")) == posixpath.join(want, "a", ".status")
+
+
+def test_any_other_prefix_makes_its_filesystem_at_once():
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from executor.files import local_root
+
+    for prefix in ("memory://bucket/x", "local:///tmp/x", "simplecache::file:///tmp/x", "gs://b/x", "data:x"):
+        assert local_root(prefix) is None
+    store = Store("memory://bucket/x")
+    assert isinstance(store._fs, MemoryFileSystem) and not store.is_local and store.url("a") == "memory://bucket/x/a"
+
+
+def test_a_status_nested_past_the_recursion_limit_is_corrupt_not_a_crash():
+    from executor.store import parse_status
+
+    deep = '{"state": "SUCCESS", "digest": "d", "output_digest": "o", "committed": ' * 5000 + "null" + "}" * 5000
+    status, problem = parse_status(deep)
+    assert status is None and problem
