@@ -74,9 +74,18 @@ def dist_info_version(name: str) -> str | None:
         candidates = found.get(want, [])
         if not candidates:
             continue
-        if len(candidates) > 1 or not candidates[0].endswith(".dist-info"):
+        if len(candidates) > 1:
             return None
-        return _metadata_version(os.path.join(entry or ".", candidates[0], "METADATA"))
+        folder = os.path.join(entry or ".", candidates[0])
+        if candidates[0].endswith(".dist-info"):
+            return _metadata_version(os.path.join(folder, "METADATA"))
+        # An `.egg-info` folder: what setuptools leaves in a checkout installed in editable mode,
+        # found first when the checkout is the working folder; importlib.metadata reads its METADATA,
+        # else its PKG-INFO. An `.egg-info` file (older setuptools): ask importlib.metadata.
+        if not os.path.isdir(folder):
+            return None
+        meta = os.path.join(folder, "METADATA")
+        return _metadata_version(meta if os.path.exists(meta) else os.path.join(folder, "PKG-INFO"))
     return NOT_INSTALLED
 
 

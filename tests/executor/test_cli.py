@@ -339,7 +339,7 @@ def test_the_collector_paused_for_planning_is_running_again_after(tmp_path, caps
     assert code == 2 and gc.isenabled()
 
 
-HEAVY = ("fsspec", "pydantic", "rich", "ray", "torch")
+HEAVY = ("fsspec", "pydantic", "rich", "ray", "torch", "importlib.metadata")
 
 
 def test_a_dry_run_of_a_cached_local_prefix_imports_no_fsspec_pydantic_or_rich(tmp_path):
