@@ -30,6 +30,8 @@ class Node:
     deps: list["Node"] = field(default_factory=list)
     # the deps whose data the step reads (a reference with `data=False` orders steps only)
     data_deps: list["Node"] = field(default_factory=list)
+    # the references that carry data, each with the folder of the input it reads (`subpath`)
+    data_refs: list[InputRef] = field(default_factory=list)
     consumers: list["Node"] = field(default_factory=list)
     digest: str = ""
 
@@ -160,6 +162,7 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                 data_names.add(target)
         node.deps = [nodes[d] for d in dep_names]
         node.data_deps = [nodes[d] for d in dep_names if d in data_names]
+        node.data_refs = [ref for ref in refs_of[id(node.step)] if ref.data]
         for dep in node.deps:
             dep.consumers.append(node)
 

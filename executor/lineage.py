@@ -7,6 +7,12 @@ it, itself included (a reference `output_of(x, data=False)`, figures about x suc
 results in a model card, orders the steps and carries none). That is the conservative reading (a tokenizer trained on a source's documents carries
 its licence into everything tokenized with it), and the only one a plan can check without data.
 
+A step type may say that a folder of its output holds only some of its inputs' data
+(`step_type(partitions=...)`: dedup of several sources keeps each source's documents in a folder
+of its own): a step that reads only that folder (`output_of(dedup, "kjv")`) is reached by those
+inputs' sources alone, so a source's licence stays with its own documents. Reading the whole
+output, or any other folder of it, carries every input's.
+
 Everything here is computed from the DAG and the configs, in one pass in topological order, so a
 policy violation is found when the plan is made, before any output exists. The sources reaching
 a step are a bit set (a Python int, bit k for the k-th source in DAG order): joining inputs is
@@ -23,6 +29,8 @@ from typing import Any, Iterable, Iterator
 from executor.dag import Dag, Node
 from executor.errors import VoyageError
 from executor.licenses import License, LicensePolicy, declared_license, licenses_json
+from executor.refs import input_refs
+from executor.step import InputRef
 
 
 @dataclass(frozen=True)
@@ -49,24 +57,59 @@ class Lineage:
         self.declared: dict[str, License] = {}  # source step name -> its licence, in DAG order
         self.sources: list[str] = []  # source k is bit k
         self.mask: dict[str, int] = {}  # step name -> bits of the sources upstream (itself included)
+        self.edge: dict[tuple[str, str], int] = {}  # (step, input step) -> bits that edge carries
+        self._parts: dict[str, dict[str, int]] = {}  # partitioned step -> {folder: bits}
         for node in dag:
             bits = 0
-            for dep in node.data_deps:  # a reference to figures only (`data=False`) carries no licence
-                bits |= self.mask[dep.name]
+            for ref in node.data_refs:  # a reference to figures only (`data=False`) carries no licence
+                carried = self._through(ref)
+                key = (node.name, ref.step_name)
+                self.edge[key] = self.edge.get(key, 0) | carried
+                bits |= carried
             try:
                 own = declared_license(node.step.config)
             except VoyageError as e:
                 raise VoyageError(f"step {node.name!r} ({node.step.origin}): {e}") from None
+            own_bit = 0
             if own is not None:
                 self.declared[node.name] = own
-                bits |= 1 << len(self.sources)
+                own_bit = 1 << len(self.sources)
                 self.sources.append(node.name)
-            self.mask[node.name] = bits
+            self.mask[node.name] = bits | own_bit
+            if node.step.type.partitions is not None:
+                self._parts[node.name] = self._partition(node, own_bit)
         self._by_license: dict[str, int] = {}  # licence id -> bits of its sources
         for k, name in enumerate(self.sources):
             lic = self.declared[name].id
             self._by_license[lic] = self._by_license.get(lic, 0) | (1 << k)
         self._refusing: dict[int, int] = {}  # id(policy) -> bits of the sources it refuses
+
+    def _through(self, ref: InputRef) -> int:
+        """The sources a data reference carries: the whole input's, or only those of the folder
+        of a partitioned input that it reads."""
+        parts = self._parts.get(ref.step_name)
+        if parts is not None and ref.subpath:
+            found = parts.get(ref.subpath.split("/", 1)[0])
+            if found is not None:
+                return found
+        return self.mask[ref.step_name]
+
+    def _partition(self, node: Node, own_bit: int) -> dict[str, int]:
+        """{folder: sources} of a partitioned step: each folder is reached by its own inputs (and
+        by the step itself, if it declares a licence)."""
+        try:
+            parts = node.step.type.partitions(node.step.config) or {}  # type: ignore[misc]
+            out = {}
+            for folder, value in parts.items():
+                bits = own_bit
+                for ref in input_refs(value):
+                    if ref.data:
+                        bits |= self._through(ref)
+                out[str(folder)] = bits
+            return out
+        except Exception as e:  # noqa: BLE001 - a step type's own function: one line naming the step
+            raise VoyageError(f"step {node.name!r} ({node.step.origin}): its type's partitions() failed: "
+                              f"{type(e).__name__}: {e}") from None
 
     # -- queries -----------------------------------------------------------------------------
     def _names(self, bits: int) -> list[str]:
@@ -110,7 +153,7 @@ class Lineage:
             if name == source:
                 break
             for dep in by_name[name].data_deps:
-                if dep.name not in parent and self.mask[dep.name] & bit:
+                if dep.name not in parent and self.edge.get((name, dep.name), 0) & bit:
                     parent[dep.name] = name
                     queue.append(dep.name)
         chain: list[str] = []

@@ -15,7 +15,7 @@ import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from executor.errors import VoyageError
 from executor.licenses import LicensePolicy
@@ -132,6 +132,9 @@ class StepType:
     resumable: bool = False
     description: str = ""
     logs: tuple[str, ...] = ()
+    # config -> {first folder of the output: the config value whose inputs alone fill that folder}
+    # (executor.lineage: a consumer reading only that folder gets only those inputs' licences)
+    partitions: Callable[[Any], Mapping[str, Any]] | None = None
 
     def is_log(self, relpath: str) -> bool:
         """Whether a file of the output (path relative to the folder) is one of its logs."""
@@ -152,7 +155,8 @@ _REGISTRY: dict[str, StepType] = {}  # by name: a name is one step type, whateve
 
 
 def step_type(version: str, name: str | None = None, *, resumable: bool = False,
-              logs: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], StepType]:
+              logs: tuple[str, ...] | list[str] = (),
+              partitions: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable[[Callable], StepType]:
     """Register a function `(config, ctx) -> None` as a step type.
 
     `version` is required and enters every digest of this type: bump it when the function's
@@ -160,7 +164,10 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     their partial output between attempts of one recipe and code (training resumes from
     checkpoints; `--rerun` starts clean); others start from an empty folder. `logs` names the
     files that are logs, not artifacts (e.g. `("wandb/**", "metrics.jsonl")`): they are kept but
-    not digested.
+    not digested. `partitions(config)` says which folders of the output hold which inputs' data
+    alone (dedup of several sources: `{source: documents[source]}`), so that a step reading one of
+    them is reached only by those inputs' sources and licences (docs/provenance.md); without it
+    every input reaches every folder.
 
     The name (default: the function's) is the step type's identity: a second definition of the
     same name in another file, with other code, is an error naming both (they would share digests).
@@ -173,7 +180,7 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     def register(fn: Callable) -> StepType:
         type_name = name or fn.__name__
         st = StepType(name=type_name, version=version, fn=fn, resumable=resumable,
-                      description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs))
+                      description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs), partitions=partitions)
         _check_unique(st)
         _REGISTRY[type_name] = st
         return st

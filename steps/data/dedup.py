@@ -115,7 +115,13 @@ class _Job:
     want: tuple[tuple[int, ...], ...] = ()  # pass 4: positions whose snippets the report shows, per shard
 
 
-@step_type(version="3", resumable=True)
+def _by_source(config: DedupConfig) -> dict[str, Any]:
+    """Each source's folder holds that source's documents alone: a step reading `SOURCE/` is
+    reached by that source's licence only (executor.lineage); the root (report, duplicates) by all."""
+    return dict(config.documents) if isinstance(config.documents, Mapping) else {}
+
+
+@step_type(version="3", resumable=True, partitions=_by_source)
 def dedup(config: DedupConfig, ctx: StepContext) -> None:
     """Remove exact and near duplicates across all shards of all sources; keep the smallest id of
     each cluster."""

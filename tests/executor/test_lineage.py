@@ -253,3 +253,60 @@ def test_a_reference_to_figures_only_carries_no_licence_and_keeps_the_digest():
     with pytest.raises(VoyageError, match=r"'raw/held' under .* reaches it via raw/held -> eval -> card"):
         Lineage(build_dag([with_data])).check()
     assert build_dag([card]).by_name["card"].digest == build_dag([with_data]).by_name["card"].digest
+
+
+@dataclass(frozen=True)
+class Split:
+    parts: dict
+
+
+@step_type(version="1", name="lineage_test_split", partitions=lambda config: config.parts)
+def split(config: Split, ctx) -> None:
+    """Keeps each input in a folder of its own (as dedup of several sources does)."""
+
+
+def test_a_folder_of_a_partitioned_output_carries_only_its_own_inputs_licences():
+    """Dedup of several sources keeps each source's documents in `SOURCE/`: a step reading
+    `output_of(dedup, "web")` is reached by web's licence alone. The whole output, and a folder
+    the step type does not name, carry every input's; a licence that arrives another way (a
+    tokenizer trained on the other folder) still arrives, and the path names that way."""
+    web = Step("raw/web", raw, Raw("w", NVIDIA))
+    wiki = Step("raw/wiki", raw, Raw("k", License("cc-by-sa-4.0")))
+    both = Step("dedup", split, Split({"web": output_of(web), "wiki": output_of(wiki)}))
+    only_wiki = Step("wiki/clean", use, Use((output_of(both, "wiki"),)))
+    deep = Step("wiki/deep", use, Use((output_of(both, "wiki/documents/00000.jsonl"),)))
+    root = Step("report", use, Use((output_of(both),)))
+    other = Step("other", use, Use((output_of(both, "duplicates.npy"),)))
+    tok = Step("tokenizer", use, Use((output_of(both, "web"),)))
+    via_tok = Step("wiki/tokens", use, Use((output_of(both, "wiki"), output_of(tok))))
+    lin = Lineage(build_dag([web, wiki, both, only_wiki, deep, root, other, tok, via_tok]))
+    assert lin.licenses_of("wiki/clean") == lin.licenses_of("wiki/deep") == ["CC-BY-SA-4.0"]
+    assert lin.licenses_of("tokenizer") == ["NVIDIA data agreement"]
+    assert lin.licenses_of("report") == lin.licenses_of("other") == lin.licenses_of("dedup") == \
+        ["CC-BY-SA-4.0", "NVIDIA data agreement"]
+    assert not lin.reaches("raw/web", "wiki/clean") and lin.reaches("raw/web", "wiki/tokens")
+    assert lin.path("raw/web", "wiki/tokens") == ("raw/web", "dedup", "tokenizer", "wiki/tokens")
+
+    # A policy that refuses web's licence: the wiki folder's reader passes; the whole output's
+    # reader, and the one that also reads the tokenizer, are refused, each naming its path
+    reads = {"wiki/clean": (output_of(both, "wiki"),), "report": (output_of(both),),
+             "wiki/tokens": (output_of(both, "wiki"), output_of(tok))}
+    paths = {"report": "raw/web -> dedup -> report", "wiki/tokens": "raw/web -> dedup -> tokenizer -> wiki/tokens"}
+    for name, inputs in reads.items():
+        lineage = Lineage(build_dag([web, wiki, both, tok, Step(name, use, Use(inputs), licenses=OPEN)]))
+        if name not in paths:
+            lineage.check()
+            continue
+        with pytest.raises(VoyageError, match=re.escape(f"source 'raw/web' under 'NVIDIA data agreement "
+                                                        f"<https://example.org/nvidia>' reaches it via {paths[name]}")):
+            lineage.check()
+
+
+def test_a_partitions_function_that_fails_is_one_line_naming_the_step():
+    @step_type(version="1", name="lineage_test_bad_split", partitions=lambda config: config.missing)
+    def bad(config: Split, ctx) -> None:
+        """partitions() reads a field the config does not have."""
+
+    web = Step("raw/web", raw, Raw("w", NVIDIA))
+    with pytest.raises(VoyageError, match=r"step 'b' \(.*\): its type's partitions\(\) failed: AttributeError"):
+        Lineage(build_dag([web, Step("b", bad, Split({"web": output_of(web)}))]))

@@ -184,6 +184,27 @@ def test_laptop_has_the_same_dag_shape(v535):
     assert full_dag["tokenizer/llama3"].step.config.expect_vocab_size == 128_256
 
 
+def test_sources_deduplicated_together_keep_their_own_licences_downstream(v535):
+    """One dedup step covers several sources (Nemotron-CC and DCLM; kjv and pydocs), but each
+    source's folder of its output holds that source's documents alone: decontamination and
+    tokenization of one source are reached by its licence only (the plan's lineage, the records'
+    provenance and `--lineage`), while the dedup step itself carries both."""
+    from executor.dag import build_dag
+    from executor.lineage import Lineage
+
+    full = Lineage(build_dag(v535.voyage(v535.VoyageConfig())))
+    pair = [full.licenses_of(f"decontam/{s}") for s in ("nemotron-cc", "dclm-baseline")]
+    assert pair[0] != pair[1] and len(pair[0]) == len(pair[1]) == 1  # each its own, one licence
+    assert full.licenses_of("dedup/common-crawl") == sorted(pair[0] + pair[1])
+    # tokenized: its own source's and the hub tokenizer's licence (Llama 3.1), not Nemotron-CC's
+    assert full.licenses_of("tokenized/dclm-baseline") == sorted(pair[1] + full.licenses_of("tokenizer/llama3"))
+    laptop = Lineage(build_dag(v535.voyage(v535.VoyageConfig(laptop=True))))
+    assert laptop.licenses_of("decontam/kjv") == ["public domain"]
+    assert laptop.licenses_of("decontam/pydocs") == ["PSF-2.0"]
+    # the laptop's tokenizer is trained on both sources' documents: it carries both, conservatively
+    assert laptop.licenses_of("tokenized/kjv") == ["PSF-2.0", "public domain"]
+
+
 def test_laptop_steps_shortens_only_the_laptop_rehearsal(v535):
     """The tests' shorter laptop run (`--laptop_steps`): the same DAG, batch and 80/20 split;
     refused without --laptop and below 10 steps."""
