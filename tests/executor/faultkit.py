@@ -266,20 +266,28 @@ def audit(prefix: str, verify: bool = True) -> Audit:
             result.run_ids[name] = [a.run_id for a in record.attempts]
         if status is None or status.state != SUCCESS or not verify:
             continue
-        problems = []
-        if record is None or record.state != SUCCESS or record.manifest is None:
-            problems.append("no SUCCESS record")
-        else:
+        def files(record):
             now = store.manifest(store.served_dir(dirname))  # the attempt its .status commits
-            if now != record.manifest:
-                problems.append("files differ from the record's manifest")
-            if output_digest(record.manifest) != record.output_digest or record.output_digest != status.output_digest:
-                problems.append("output digests disagree")
+            return ["files differ from the record's manifest"] if now != record.manifest else []
+
+        problems = _record_problems(status, record, files)
         if problems:
             result.corrupt.append(f"{dirname}: {', '.join(problems)}")
         else:
             result.outputs[name] = status.output_digest
     return result
+
+
+def _record_problems(status, record, files) -> list[str]:
+    """Why a SUCCESS output is not to be trusted: no SUCCESS record, what `files(record)` finds
+    comparing the files with the record's manifest, digests of manifest, record and status that
+    disagree (audit and audit_artifacts, which compare the files differently)."""
+    if record is None or record.state != SUCCESS or record.manifest is None:
+        return ["no SUCCESS record"]
+    problems = files(record)
+    if output_digest(record.manifest) != record.output_digest or record.output_digest != status.output_digest:
+        problems.append("output digests disagree")
+    return problems
 
 
 def same_bytes(a: str, b: str) -> list[str]:
@@ -527,22 +535,18 @@ def audit_artifacts(prefix: str) -> Audit:
         if status is None or status.state != SUCCESS:
             continue
         record = store.read_record(dirname, status)
-        problems = []
-        if record is None or record.state != SUCCESS or record.manifest is None:
-            problems.append("no SUCCESS record")
-        else:
+
+        def files(record):
             logs = {e.path for e in record.manifest if e.log}
             log_dirs = {p.rpartition("/")[0] for p in logs}
             listed = {e.path: e for e in record.manifest}
             now = {e.path: e for e in store.manifest(store.served_dir(dirname), is_log=logs.__contains__)}
             changed = [p for p, e in listed.items() if not e.log and now.get(p) != e]
             extra = [p for p in now if p not in listed and p.rpartition("/")[0] not in log_dirs]
-            if changed:
-                problems.append(f"artifacts missing or changed since the commit: {', '.join(changed[:3])}")
-            if extra:
-                problems.append(f"files added since the commit: {', '.join(extra[:3])}")
-            if output_digest(record.manifest) != record.output_digest or record.output_digest != status.output_digest:
-                problems.append("output digests disagree")
+            return ([f"artifacts missing or changed since the commit: {', '.join(changed[:3])}"] if changed else []) + \
+                ([f"files added since the commit: {', '.join(extra[:3])}"] if extra else [])
+
+        problems = _record_problems(status, record, files)
         if problems:
             result.corrupt.append(f"{dirname}: {'; '.join(problems)}")
         else:
