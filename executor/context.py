@@ -16,6 +16,7 @@ import contextlib
 import logging
 import posixpath
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -57,6 +58,9 @@ Mapper = Callable[[Callable[[Any], Any], Sequence[Any], "Resources | None"], lis
 def local_map(fn: Callable[[Any], Any], items: Sequence[Any], resources: Resources | None = None) -> list:
     """Run `fn` over `items` one after another in this process (no cluster at hand)."""
     return [fn(item) for item in items]
+
+
+_FENCED = threading.local()  # per thread: the leases whose fenced blocks it is inside
 
 
 @dataclass(frozen=True)
@@ -139,20 +143,29 @@ class StepContext:
         a whole checkpoint's upload. Elsewhere the lease must still have a quarter of its ttl left
         (docs/leases.md). A lease that still carries our token but is due for renewal (our
         executor is slow, or paused) is waited for up to `patience` seconds (ten ttls by default),
-        never written past: an expired lease can be taken over at any moment."""
-        if self.lease is None:
+        never written past: an expired lease can be taken over at any moment. A `fenced` (or a
+        resumable step's `ctx.open`) inside another's block on the same thread is already inside
+        the check and runs at once: a second lock on the lease file from this process would wait
+        for the first forever."""
+        ref = self.lease
+        held = _FENCED.__dict__.setdefault("held", set())
+        key = (ref.prefix, ref.dirname, ref.token) if ref is not None else None
+        if ref is None or key in held:
             yield
             return
         from executor.lease import Leases
         from executor.store import Store
 
-        ref = self.lease
         leases = Leases(Store(ref.prefix, **ref.storage_options), ttl=ref.ttl)
         deadline = time.monotonic() + (10 * ref.ttl if patience is None else patience)
         while True:
             with leases.fence(ref.dirname, ref.token) as ours:
                 if ours:
-                    yield
+                    held.add(key)
+                    try:
+                        yield
+                    finally:
+                        held.discard(key)
                     return
             holder = leases.holder(ref.dirname)
             ours_still = holder is not None and not holder.unreadable and holder.token == ref.token \
