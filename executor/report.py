@@ -179,9 +179,7 @@ def _rich_plan(con: Console, plan: Plan, tables: list[tuple[str, int, list[Cells
 def _plain_plan(plan: Plan, tables: list[tuple[str, int, list[Cells]]], unplaceable: dict[str, str]) -> str | None:
     """The plan as rich lays it out on a non-terminal (`console_for`, `emit`), without rich; None
     where rich would lay it out otherwise (see the module's docstring)."""
-    counts = plan.counts()
-    shown = "  ".join(f"{s} {counts[s]:,}" for s in ORDER if counts.get(s)) or "no steps"  # as _counts_text
-    lines = [f"plan of {len(plan.decisions):,} steps under {plan.store.prefix}: {shown}"]
+    lines = [f"plan of {len(plan.decisions):,} steps under {plan.store.prefix}: {counts_line(plan.counts())}"]
     for state, n, rows in tables:
         lines += ["", f"{state} {n:,}  {DESCRIPTIONS.get(state, '')}"]
         cols = [[r.step for r in rows], [r.count for r in rows], [r.resources for r in rows],
