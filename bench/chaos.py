@@ -4,7 +4,7 @@
     .venv/bin/python bench/chaos.py --voyage laptop --laptop-steps 0 --rounds 3   # the issue's target (400 steps)
     .venv/bin/python bench/chaos.py --rounds 0 --cost-repeats 4 --cost-laptop-repeats 1   # the protocol's cost
 
-Everything is real: a 3-node `ray.cluster_utils.Cluster` (`tests/executor/cluster_host.py`: a head and
+Everything is real: a 3-node `ray.cluster_utils.Cluster` (`tests/kits/cluster_host.py`: a head and
 two worker nodes), the GCS emulator behind `faultkit.FaultyProxy` (which fails `--fault-rate` of the
 requests with 429, 503 or a dropped connection), and `marin-run` processes joined to the cluster.
 
@@ -29,7 +29,7 @@ Checks, per round:
 Cost of the commit protocol: plan (`marin-run --dry-run` on a finished prefix, the whole process) and
 run (a fresh prefix, embedded Ray; the voyage's own "finished in" time and the whole process) of
 voyages/hello.py and the laptop voyage, with this tree against the commit before the attempts protocol
-(the parent of the first commit of executor/attempts.py, checked out with `git worktree add` under
+(the parent of the first commit of executor/storage/attempts.py, checked out with `git worktree add` under
 /tmp), alternating, medians side by side with ratios.
 """
 
@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "executor"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, ROOT)
 
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 from faults import start_emulator, tear_down  # noqa: E402
 
 def voyage_args(name: str, args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -540,9 +540,9 @@ def checkout(commit: str) -> tuple[str, str]:
 
 def trees(before: str | None) -> list[tuple[str, str]]:
     """(label, tree) of the versions compared: the commit before the attempts protocol (the parent
-    of the first commit of executor/attempts.py, or `before`), that first commit (the protocol
+    of the first commit of executor/storage/attempts.py, or `before`), that first commit (the protocol
     alone: the voyage files are the same), and this tree (main now)."""
-    first = subprocess.run(["git", "-C", ROOT, "log", "--format=%H", "--reverse", "--", "executor/attempts.py"],
+    first = subprocess.run(["git", "-C", ROOT, "log", "--format=%H", "--reverse", "--", "executor/storage/attempts.py"],
                            capture_output=True, text=True, check=True).stdout.split()[0]
     old, old_sha = checkout(before or f"{first}^")
     new, new_sha = checkout(first)

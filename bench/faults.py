@@ -4,7 +4,7 @@
     .venv/bin/python bench/faults.py --trials 1    # the quick form: under 2 minutes
 
 Everything is real: `marin-run` processes, a multi-node Ray cluster on this machine
-(`tests/executor/cluster_host.py`: a head and two nodes with a `GB200` resource), a GCS emulator
+(`tests/kits/cluster_host.py`: a head and two nodes with a `GB200` resource), a GCS emulator
 behind `faultkit.FaultyProxy`. The cluster's workers reach the emulator through the proxy, which
 relays faithfully at rate 0 (for the fault-free reference runs) and injects 429, 503 and dropped
 connections at `--fault-rate` for the faulty ones. Sections:
@@ -38,10 +38,10 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
-sys.path.insert(0, os.path.join(ROOT, "tests", "executor"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 
 SLOW = dict(shards=3, files=4, delay=0.3)  # about 4 s of steps on three levels
 SLOW_SECONDS = 3 * SLOW["files"] * SLOW["delay"] + 1.0

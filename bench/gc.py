@@ -11,7 +11,7 @@ So the collector must find exactly N old versions and N abandoned attempts, and 
 known in advance: the figure is checked, not only timed.
 
 Printed side by side: building the DAG (what `--gc` does before it lists), the bare listing
-(`executor.gc.list_prefix`: the walk every answer needs), the whole collection (listing, every
+(`executor.gc.collect.list_prefix`: the walk every answer needs), the whole collection (listing, every
 `.status` and `.lease`, deciding), and on a local disk GNU `du -sb` over the same tree as the
 ceiling for "walk the tree and add up bytes". Then `--yes`: the sweep, each output under its lease.
 """
@@ -33,10 +33,10 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.plan import make_steps  # noqa: E402
-from executor import gc  # noqa: E402
+from executor.gc import collect as gc  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
-from executor.store import SUCCESS, Status, Store  # noqa: E402
-from executor.sweep import sweep  # noqa: E402
+from executor.storage.store import SUCCESS, Status, Store  # noqa: E402
+from executor.gc.sweep import sweep  # noqa: E402
 
 
 def layout(steps, data_bytes: int) -> tuple[dict[str, bytes], int, int]:
@@ -100,7 +100,7 @@ def measure(store: Store, steps_fn, n: int, data_bytes: int, local_root: str | N
     kinds = {k: sum(1 for i in report.items if i.kind == k) for k in (gc.OLD, gc.ABANDONED)}
     assert kinds == {gc.OLD: n, gc.ABANDONED: n} and len(report.items) == 2 * n, kinds
     assert report.bytes == old_bytes + abandoned_bytes, (report.bytes, old_bytes + abandoned_bytes)
-    rows = [("build the DAG", build), ("list (executor.gc.list_prefix)", listing),
+    rows = [("build the DAG", build), ("list (executor.gc.collect.list_prefix)", listing),
             ("collect: list + every .status and .lease + decide", collect)]
     if local_root:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -17,7 +17,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "steps" / "train"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
     "ep=4 (dp_shard 4)": (dict(ep=4), 4, 0),
@@ -53,8 +53,8 @@ def _rows(out: str) -> dict[int, dict]:
 
 def main() -> None:
     import torch
-    from meshkit import config, run_mesh
-    from trainkit import build_tokens, make_mixture
+    from kits.meshkit import config, run_mesh
+    from kits.trainkit import build_tokens, make_mixture
 
     from steps.train.config import ParallelConfig
 

@@ -34,7 +34,7 @@ from executor import License, LicensePolicy, Step, output_of, step_type  # noqa:
 from executor.dag import build_dag  # noqa: E402
 from executor.lineage import Lineage  # noqa: E402
 from executor.plan import make_plan  # noqa: E402
-from executor.store import SUCCESS, Status, Store  # noqa: E402
+from executor.storage.store import SUCCESS, Status, Store  # noqa: E402
 
 
 @dataclass(frozen=True)

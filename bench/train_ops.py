@@ -7,7 +7,7 @@
 stall: the laptop recipe (tiny preset, 32 x 64 tokens a step, one thread) for `--steps` steps
 with a checkpoint every 10, saved synchronously and asynchronously (steps/train/saving.py), on
 the local disk and on a store with `--latency` seconds injected per data file written (the
-`slow://` filesystem of tests/steps/train/slowfs.py). Stall = the seconds the training thread
+`slow://` filesystem of tests/kits/slowfs.py). Stall = the seconds the training thread
 spent in `save()` (for async: staging into host memory, plus waiting for the previous upload if
 it is still running); median over the run's saves.
 
@@ -39,7 +39,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests/steps/train"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from executor import Hang, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
@@ -78,7 +78,7 @@ def config(mix: str, preset: str = "tiny", batch: int = 32, **trainer) -> TrainC
 
 
 def stall(args, work: pathlib.Path) -> None:
-    import slowfs
+    from kits import slowfs
 
     slowfs.register()
     mix = make_mix(work, args.steps)

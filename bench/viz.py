@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from executor import Resources, Step, output_of, step_type  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
 from executor.plan import CACHED, RETRY, RUN, SKIPPED, STALE, Decision, Plan, StaleInput  # noqa: E402
-from executor.store import Store  # noqa: E402
+from executor.storage.store import Store  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -101,8 +101,8 @@ def _hex(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from executor.viz import FORMATS, render
-    from executor.viz.text import dot_available
+    from executor.views.viz import FORMATS, render
+    from executor.views.viz.text import dot_available
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="*", default=[100, 1000, 10000])
@@ -155,7 +155,7 @@ def _live_write(plan: Plan) -> tuple[float, float]:
     """The live page on the plan's (local) prefix: time to prepare it, then the median of 5 writes."""
     import statistics
 
-    from executor.live import LivePage
+    from executor.views.live import LivePage
 
     t0 = time.perf_counter()
     page = LivePage(plan, "bench", "0123456789")
@@ -188,7 +188,7 @@ def _secs(x: float | None) -> str:
 
 
 def _line(r: dict) -> str:
-    from executor.viz import FORMATS
+    from executor.views.viz import FORMATS
 
     parts = [f"{e} {_secs(r[e])}" for e in FORMATS]
     return (f"{r['steps']:>6} steps: " + ", ".join(parts) + f", html {r['html_bytes'] / 1e6:.2f} MB, "

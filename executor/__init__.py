@@ -30,15 +30,15 @@ Importing it imports neither Ray nor torch.
 from typing import TYPE_CHECKING, Any
 
 from executor.api import plan_steps, run_plan, run_steps
-from executor.attempts import attempt_root
-from executor.attempts import logical as logical_url
-from executor.attempts import served as served_url
+from executor.storage.attempts import attempt_root
+from executor.storage.attempts import logical as logical_url
+from executor.storage.attempts import served as served_url
 from executor.context import StepContext
 from executor.errors import IdentityError, VoyageError
 from executor.failures import Hang, LeaseLost, NonFinite
-from executor.files import AtomicFile, is_local, is_object_store, write_atomic
+from executor.storage.files import AtomicFile, is_local, is_object_store, write_atomic
 from executor.licenses import License, LicensePolicy
-from executor.lineage_view import step_span
+from executor.views.lineage_view import step_span
 from executor.plan import Plan, Selection
 from executor.state import StepState
 from executor.step import (

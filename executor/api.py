@@ -19,7 +19,7 @@ from executor.errors import VoyageError
 from executor.licenses import LicensePolicy
 from executor.plan import Plan, Selection, make_plan
 from executor.step import Step
-from executor.store import Store
+from executor.storage.store import Store
 
 if TYPE_CHECKING:  # running imports the runner (and the worker, and pydantic's records); planning does not
     from executor.runner import Listener, RunSummary
@@ -72,7 +72,7 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
         fail_if_unplaceable({d.name: d.node.step.resources for d in to_run}, ray_backend.cluster_nodes())
         page = None
         if voyage:
-            from executor.live import open_page
+            from executor.views.live import open_page
 
             page = open_page(plan, voyage, plan.leases.owner.run_id)
         listener = on_change

@@ -106,7 +106,7 @@ def _add_lineage_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_gc_flags(p: argparse.ArgumentParser) -> None:
-    """--gc and --yes (executor.gc): what no named voyage reaches under the prefix."""
+    """--gc and --yes (executor.gc.collect): what no named voyage reaches under the prefix."""
     p.add_argument("--gc", action="store_true",
                    help="list what under the prefix no named voyage reaches (old versions, abandoned attempts, "
                         "temporaries), bytes per step; several voyages: A.py [overrides] B.py [overrides] --gc")
@@ -236,7 +236,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     from executor import voyage as voyage_mod
 
     if opts.viz and not want_help:
-        from executor.viz import check_target
+        from executor.views.viz import check_target
 
         check_target(opts.viz)  # a bad extension, or .svg without graphviz: before anything is done
     if opts.gc and not want_help:
@@ -261,13 +261,13 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
                                                              only=opts.only), lease_ttl=opts.lease_ttl,
                               policy=_voyage_policy(vf, config))
     if opts.explain:
-        from executor.explain import check_name
+        from executor.views.explain import check_name
 
         check_name(plan.dag.by_name, opts.explain)
     if opts.lineage or opts.consumers:
         return _lineage(opts, plan)
 
-    from executor import report
+    from executor.views import report
 
     if opts.which_saw:
         return _which_saw(opts, plan)
@@ -291,7 +291,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
 
 
 def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
-    from executor import report
+    from executor.views import report
     from executor.api import run_plan
 
     report.print_plan(plan, sys.stdout)
@@ -308,11 +308,13 @@ def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
 
 def _gc(opts: Options) -> int:
     """--gc: the DAGs of every named voyage (each with the config overrides that follow it) are
-    what is reached; the rest under the prefix is listed, and deleted with --yes (executor.gc)."""
-    from executor import gc, sweep, voyage as voyage_mod
+    what is reached; the rest under the prefix is listed, and deleted with --yes (executor.gc.collect)."""
+    from executor import voyage as voyage_mod
+    from executor.gc import collect as gc
+    from executor.gc import sweep
     from executor.api import check_settings
     from executor.dag import build_dag
-    from executor.store import Store
+    from executor.storage.store import Store
 
     check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
     dags, pins = [], []
@@ -391,7 +393,7 @@ def _lineage(opts: Options, plan: Plan) -> int:
     """--lineage and --consumers: read the plan and the records; run nothing."""
     import difflib
 
-    from executor import lineage_view
+    from executor.views import lineage_view
 
     for flag, name in (("--lineage", opts.lineage), ("--consumers", opts.consumers)):
         if name and name not in plan.dag.by_name:
@@ -408,7 +410,7 @@ def _lineage(opts: Options, plan: Plan) -> int:
 
 
 def _print_licences(plan: Plan) -> None:
-    from executor import lineage_view
+    from executor.views import lineage_view
 
     lineage_view.print_licences(plan, sys.stdout)
 
@@ -429,16 +431,16 @@ def _print_voyage_summary(vf: VoyageFile, config: object) -> None:
 
 def _look(opts: Options, vf: VoyageFile, plan: Plan) -> int:
     """--explain and --viz (with --dry-run, after the plan): they run nothing."""
-    from executor import report
+    from executor.views import report
 
     if opts.dry_run:
         report.print_plan(plan, sys.stdout)
     if opts.explain:
-        from executor.explain import explain
+        from executor.views.explain import explain
 
         explain(plan, opts.explain, sys.stdout)
     if opts.viz:
-        from executor.viz import write_viz
+        from executor.views.viz import write_viz
 
         write_viz(plan, opts.viz, title=vf.name)
         print(f"drew {len(plan.decisions):,} steps to {opts.viz} ({report.counts_line(plan.counts())})")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from executor.errors import VoyageError
 from executor.failures import LeaseLost
 from executor.step import Resources
-from executor.store import url_to_fs
+from executor.storage.store import url_to_fs
 
 # Names of the executor's own files: a step that wrote them would corrupt its status, record or
 # lease (an earlier `ctx.open(".status", "w")` livelocked a run on "corrupt status" forever).
@@ -153,8 +153,8 @@ class StepContext:
         if ref is None or key in held:
             yield
             return
-        from executor.lease import Leases
-        from executor.store import Store
+        from executor.storage.lease import Leases
+        from executor.storage.store import Store
 
         leases = Leases(Store(ref.prefix, **ref.storage_options), ttl=ref.ttl)
         deadline = time.monotonic() + (10 * ref.ttl if patience is None else patience)

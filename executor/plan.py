@@ -34,11 +34,11 @@ from executor.identity import diff, plain
 from executor.licenses import LicensePolicy
 from executor.lineage import Lineage
 from executor.state import PLAN_ORDER, StepState
-from executor.store import STATUS, Status, Store, parse_status
+from executor.storage.store import STATUS, Status, Store, parse_status
 
 if TYPE_CHECKING:
-    from executor.lease import LeaseInfo, Leases
-    from executor.records import Record
+    from executor.storage.lease import LeaseInfo, Leases
+    from executor.storage.records import Record
 
 CACHED, RUN, RERUN, STALE, RETRY, WAITING, BLOCKED, SKIPPED = (
     StepState.CACHED, StepState.RUN, StepState.RERUN, StepState.STALE, StepState.RETRY, StepState.WAITING,
@@ -110,7 +110,7 @@ class Plan:
     def leases(self) -> Leases | None:
         """This executor's leases (None: a plan made without them cannot be run)."""
         if self.given_leases is None and self.lease_ttl is not None:
-            from executor.lease import Leases
+            from executor.storage.lease import Leases
 
             self.given_leases = Leases(self.store, ttl=self.lease_ttl)
         return self.given_leases
@@ -130,7 +130,7 @@ class Plan:
 
     def path(self, node: Node) -> str:
         """The URL a reader reads for `node`: the folder of the attempt its `.status` commits
-        (executor.attempts), as planned; the output folder itself if it has none."""
+        (executor.storage.attempts), as planned; the output folder itself if it has none."""
         status = self.by_name[node.name].status
         if status is not None and status.served() is not None:
             return self.store.url(status.served().data_dir(node.dirname))

@@ -21,11 +21,11 @@ from typing import Any, Callable, Protocol
 
 from executor.failures import classify_text, should_retry
 from executor.identity import SCHEME, normalized, plain
-from executor.lease import Heartbeat, LeaseInfo, Leases
+from executor.storage.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import Decision, Plan, recorded_input
 from executor.refs import detach
 from executor.state import Gate, StepState, blocked_reason, check_transition, gate, initial
-from executor.store import InputInfo
+from executor.storage.store import InputInfo
 from executor.worker import TaskResult, TaskSpec
 
 log = logging.getLogger("marin.runner")

@@ -1,6 +1,6 @@
 """Running one step inside a worker: the life of one attempt (docs/concepts.md, "Attempts").
 
-An attempt writes only into a folder of its own, `{output}/.attempts/{id}` (executor.attempts),
+An attempt writes only into a folder of its own, `{output}/.attempts/{id}` (executor.storage.attempts),
 which no reader resolves until a `.status` naming it is committed. The order of writes:
 0. every input's `.status` is read: an input that has no committed output is missing, and the
    step is BLOCKED with nothing written; the config's `output_of` references are resolved to the
@@ -36,15 +36,15 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import attempts as layout
+from executor.storage import attempts as layout
 from executor import environment
 from executor.context import LeaseRef, Mapper, StepContext, local_map
 from executor.failures import classify
-from executor.lease import Leases
+from executor.storage.lease import Leases
 from executor.refs import resolve
 from executor.state import StepState
 from executor.step import Resources, StepType
-from executor.store import FAILED, RUNNING, SUCCESS, Attempt, InputInfo, Record, Status, Store, output_digest
+from executor.storage.store import FAILED, RUNNING, SUCCESS, Attempt, InputInfo, Record, Status, Store, output_digest
 
 INTERRUPTED = StepState.INTERRUPTED
 

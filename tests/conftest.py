@@ -206,7 +206,7 @@ LONG_FIRST = (  # the slowest groups, slowest first (docs/benchmarks.md, "The te
     "tests/steps/train/test_train_async.py",
     "tests/executor/test_crash.py",
     "tests/steps/data/test_data_gcs.py",
-    "tests/executor/test_gcs.py",
+    "tests/executor/storage/test_gcs.py",
     "tests/steps/train/test_train_watchdog.py",
     "tests/steps/train/test_train_loop.py",
     "tests/executor/test_ray_join.py",
@@ -219,7 +219,7 @@ LAST = (  # readers of the laptop run
     "tests/steps/provenance/test_which_saw.py",
     "tests/steps/provenance/test_card.py",
     "tests/steps/export/test_hub_ready.py",
-    "tests/executor/test_browser_training.py",
+    "tests/executor/views/test_browser_training.py",
 )
 
 

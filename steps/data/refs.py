@@ -13,7 +13,7 @@ The prefix of a running step is its output URL less its attempt (`/.attempts/{id
 `{name}-{digest[:10]}` (the executor's folder naming); a step run by hand in some other folder has
 none, and writes URLs as given. A name never holds an attempt: a path into another output is
 written relative to the output folders (`../../tokenized/kjv-af75ae205f/manifest.json`), and
-`resolve` reads it in the attempt that output's `.status` commits now (`executor.attempts`), so an
+`resolve` reads it in the attempt that output's `.status` commits now (`executor.storage.attempts`), so an
 identical rerun of the input, which cuts off downstream, leaves the name valid. A path inside the
 writer's own attempt stays inside it (`./shards/0.bin`): the attempt may not be committed yet.
 """

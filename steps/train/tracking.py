@@ -154,7 +154,7 @@ def peak_flops(device: str, threads: int) -> float:
 
 # -- the reference curve -------------------------------------------------------------------------
 
-REFERENCE_FILE = "reference_curve.json"  # read by the live page (executor/viz/metrics.py)
+REFERENCE_FILE = "reference_curve.json"  # read by the live page (executor/views/viz/metrics.py)
 
 
 def read_reference(url: str) -> list[list[float]]:

@@ -50,7 +50,7 @@ def test_the_api_hides_leases_and_ray(tmp_path, ray_local):
     assert [d.state for d in plan.decisions] == ["RUN", "RUN"]
     plan, summary = run_steps(steps, str(tmp_path))
     assert summary.exit_code == 0
-    from executor.store import Store
+    from executor.storage.store import Store
 
     assert Store(str(tmp_path)).read_record(plan["n"].node.dirname).results == {"words": 3}
     assert plan_steps(steps, str(tmp_path)).counts() == {"CACHED": 2}
@@ -60,8 +60,8 @@ def test_a_plan_makes_its_leases_when_asked_and_still_sees_another_executors(tmp
     """plan_steps makes the executor's leases only when they are needed (a dry-run on a local
     folder then needs no fsspec filesystem): a folder RUNNING under another executor's live lease
     is still WAITING, and the plan that is run has one set of leases, made once."""
-    from executor.lease import Leases
-    from executor.store import RUNNING, Status, Store
+    from executor.storage.lease import Leases
+    from executor.storage.store import RUNNING, Status, Store
 
     steps = [Step("w", words, Words("a b"))]
     plan = plan_steps(steps, str(tmp_path))

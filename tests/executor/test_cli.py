@@ -346,8 +346,7 @@ def test_a_dry_run_of_a_cached_local_prefix_imports_no_fsspec_pydantic_or_rich(t
     """Issue 20: the whole process of a dry-run is mostly imports; a plan of a local folder whose
     steps are all cached, printed to a pipe, reads `.status` files with `open` and lays the
     table out itself. Running (or reading a record) still goes through fsspec and pydantic."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from vizkit import InlineBackend
+    from kits.vizkit import InlineBackend
 
     from executor import voyage as voyage_mod
     from executor.api import plan_steps

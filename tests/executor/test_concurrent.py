@@ -10,8 +10,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 
 
 def wait_until(check, timeout, what):

@@ -50,8 +50,8 @@ def test_fenced_waits_for_a_late_renewal_and_gives_up_on_a_lease_never_renewed(t
 
     from executor import LeaseLost, StepContext
     from executor.context import LeaseRef
-    from executor.lease import Leases, Owner
-    from executor.store import Store
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
 
     store = Store(str(tmp_path))
     leases = Leases(store, ttl=0.3, owner=Owner("a", 1, "run-a"))
@@ -84,8 +84,8 @@ def test_a_fenced_write_inside_a_fenced_block_runs_at_once(tmp_path):
     """On a local prefix a fenced block holds the lease's lock: a resumable step's `ctx.open`
     (fenced too) inside it must not take the lock again, which would wait forever."""
     from executor.context import LeaseRef
-    from executor.lease import Leases, Owner
-    from executor.store import Store
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
 
     lease, _ = Leases(Store(str(tmp_path)), ttl=30, owner=Owner("a", 1, "run-a")).try_acquire("s")
     ctx = StepContext(name="s", output=str(tmp_path / "s"), digest="0" * 64, resumable=True,

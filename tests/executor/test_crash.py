@@ -16,11 +16,10 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 
 from executor.api import run_steps  # noqa: E402
-from executor.store import SUCCESS  # noqa: E402
+from executor.storage.store import SUCCESS  # noqa: E402
 
 # the slower tier (`--tier slow`: fault injection on real processes), which .ci/run runs after the
 # README's command (tests/conftest.py)

@@ -9,11 +9,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vizkit import replan, run_inline, small_voyage  # noqa: E402
+from kits.vizkit import replan, run_inline, small_voyage  # noqa: E402
 
 from executor import environment  # noqa: E402
-from executor.store import Status, Store  # noqa: E402
+from executor.storage.store import Status, Store  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIT = pytest.mark.skipif(subprocess.run(["git", "--version"], capture_output=True).returncode != 0,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from executor.store import Store
+from executor.storage.store import Store
 
 from executor import Hang, NonFinite, RetryPolicy, Step, VoyageError, step_type
 from executor.api import run_steps
@@ -72,7 +72,7 @@ def boom(config: Boom, ctx) -> None:
 
 
 def test_a_code_error_is_not_retried_and_reads_as_one_line(ray_here, tmp_path):
-    from executor.report import print_summary
+    from executor.views.report import print_summary
 
     plan, summary = run_steps([Step("boom", boom, Boom("a bug in user code"))], str(tmp_path / "p"))
     outcome = summary.outcomes["boom"]

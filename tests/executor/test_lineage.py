@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vizkit import run_inline  # noqa: E402
+from kits.vizkit import run_inline  # noqa: E402
 
 from executor import License, LicensePolicy, Step, VoyageError, output_of, plan_steps, step_type
 from executor.cli import main
@@ -217,7 +216,7 @@ def test_lineage_and_consumers_through_the_cli(tmp_path, capsys):
 
 
 def test_drawings_name_a_sources_licence_and_a_steps_policy(tmp_path):
-    from executor.viz import graph, text
+    from executor.views.viz import graph, text
 
     plan = plan_steps(voyage(), str(tmp_path / "p"))
     drawing = graph.draw(plan, records=False)

@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 
 
 

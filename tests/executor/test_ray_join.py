@@ -18,8 +18,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import faultkit  # noqa: E402
+from kits import faultkit  # noqa: E402
 
 from executor.ray_backend import ClusterError, check_cluster  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 from executor import Resources, RetryPolicy, Step, VoyageError, output_of, run_only, step_type
 from executor.api import plan_steps, run_plan, run_steps
 from executor.plan import Selection
-from executor.store import Store
+from executor.storage.store import Store
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,7 +73,7 @@ def flaky(config: Flaky, ctx) -> None:
 def shards(config: Flaky, ctx) -> None:
     """Resumable: shard 0 is committed and kept across attempts; the first attempt dies while
     shard 1 is still under its temporary name (an exception stands in for the kill)."""
-    from executor.store import temp_path
+    from executor.storage.store import temp_path
 
     if not ctx.exists("shard-0"):
         with ctx.open("shard-0", "w") as f:
@@ -239,13 +239,13 @@ def test_a_resumed_step_loses_what_its_killed_attempt_left_uncommitted(tmp_path)
 
 
 def test_a_step_leased_by_a_live_executor_waits(tmp_path):
-    from executor.lease import Leases, Owner
+    from executor.storage.lease import Leases, Owner
 
     plan = plan_steps(voyage(), str(tmp_path))
     store = Store(str(tmp_path))
     other = Leases(store, ttl=60, owner=Owner("otherhost", 4242, "someone-else"))
     d = plan.dag["lone"].dirname
     other.try_acquire(d)
-    store.write_status(d, __import__("executor.store", fromlist=["Status"]).Status(state="RUNNING", digest=plan.dag["lone"].digest))
+    store.write_status(d, __import__("executor.storage.store", fromlist=["Status"]).Status(state="RUNNING", digest=plan.dag["lone"].digest))
     plan = plan_steps(voyage(), str(tmp_path))
     assert plan["lone"].state == "WAITING" and "otherhost pid 4242" in plan["lone"].reason

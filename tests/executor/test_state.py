@@ -7,7 +7,7 @@ from executor.state import TRANSITIONS, InvalidTransition, StepState, check_tran
 
 
 def test_every_state_is_drawn_and_described():
-    from executor.viz.style import COLORS, DESCRIPTIONS, RICH, STATE_ORDER
+    from executor.views.viz.style import COLORS, DESCRIPTIONS, RICH, STATE_ORDER
 
     for state in StepState:
         assert state in COLORS and state in DESCRIPTIONS and state in RICH and state in STATE_ORDER, state
@@ -59,7 +59,7 @@ def test_plan_and_run_states_are_step_states(tmp_path, ray_local):
     assert all(isinstance(d.state, StepState) for d in plan.decisions)
     _, summary = run_steps(steps, str(tmp_path))
     assert all(isinstance(o.state, StepState) for o in summary.outcomes.values())
-    from executor.store import Store
+    from executor.storage.store import Store
 
     status = Store(str(tmp_path)).read_status(plan["a"].node.dirname)
     assert status.state is StepState.SUCCESS

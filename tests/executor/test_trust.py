@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trustkit import cli, files_under, folder, one_error_line, read, status, write_voyage  # noqa: E402
+from kits.trustkit import cli, files_under, folder, one_error_line, read, status, write_voyage  # noqa: E402
 
 
 @pytest.fixture
@@ -419,7 +418,7 @@ def test_item12_a_consumer_whose_input_is_rerun_while_it_reads_never_succeeds(vo
 def test_item12_a_consumer_whose_input_is_being_rerun_when_it_starts_is_blocked(voyage_dir, tmp_path):
     from executor.api import plan_steps, run_plan, run_steps
     from executor.plan import Selection
-    from executor.store import Status, Store
+    from executor.storage.store import Status, Store
 
     vf, files, steps = _files_voyage(voyage_dir, tmp_path)
     open(files["go"], "w").close()

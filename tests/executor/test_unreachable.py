@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from executor.reach import StoreError
-from executor.store import Store
+from executor.storage.access import StoreError
+from executor.storage.store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MARIN_RUN = os.path.join(os.path.dirname(sys.executable), "marin-run")

@@ -1,6 +1,6 @@
 """voyages/535b.py: the full plan with its budget, and the laptop rehearsal end to end."""
 
-from executor.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
 import collections
 import glob
 import importlib.util

@@ -20,7 +20,7 @@ def test_hello_counts_add_up(tmp_path, ray_local):
     from ray import cloudpickle
 
     from executor.api import run_steps
-    from executor.store import Store
+    from executor.storage.store import Store
 
     hello = load("hello")
     cloudpickle.register_pickle_by_value(hello)

@@ -4,7 +4,7 @@ Manifests and records carry the licences; the mixture's tokens per source and li
 a licence corrected after a cached run re-addresses the source and everything after it; a copied
 prefix keeps every licence and count; records written before these fields still load."""
 
-from executor.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
 import collections
 import json
 import os
@@ -16,12 +16,11 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "executor"))
-from vizkit import replan, run_inline  # noqa: E402
+from kits.vizkit import replan, run_inline  # noqa: E402
 
 from executor import License, Step, output_of  # noqa: E402
 from executor.cli import main  # noqa: E402
-from executor.store import Record  # noqa: E402
+from executor.storage.store import Record  # noqa: E402
 from steps.data.dedup import DedupConfig, dedup  # noqa: E402
 from steps.data.formats import read_json  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
@@ -194,7 +193,7 @@ def test_a_record_written_before_these_fields_still_loads_and_shows(made, tmp_pa
     old = {k: v for k, v in data.items() if k not in ("provenance", "environment")}
     rec = Record.model_validate(old)
     assert rec.provenance == {} and rec.environment == {}
-    from executor.lineage_view import amounts
+    from executor.views.lineage_view import amounts
 
     assert amounts(old) == "120 of 120 documents kept"
     assert amounts({"results": {}}) == "" and amounts(None) == ""

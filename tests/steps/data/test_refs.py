@@ -45,7 +45,7 @@ def test_a_step_run_by_hand_outside_the_executors_naming_has_no_prefix():
 def test_names_hold_no_attempt_and_resolve_into_the_committed_one():
     """Issue 20: an output's files are in `.attempts/<id>/`; a name written by another output
     leaves the attempt out, and is read in the attempt the target's `.status` commits now."""
-    from executor.store import Status, Store
+    from executor.storage.store import Status, Store
 
     prefix = "memory://refs-attempts/p"
     store = Store(prefix)

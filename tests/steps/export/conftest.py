@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train"))
-from trainkit import build_tokens, make_mixture, run_step  # noqa: E402
+from kits.trainkit import build_tokens, make_mixture, run_step  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,7 @@ def test_tokenizer_ids_match_ours(hf_model, laptop):
     _, tok = hf_model
     ours = load_tokenizer(laptop["tokens"]["tokenizer"])
     from steps.data.formats import iter_text_batches
-    from trainkit import CORPUS  # (on sys.path through conftest)
+    from kits.trainkit import CORPUS  # (on sys.path through conftest)
 
     texts = list(TEXTS)
     for name in ("kjv", "pydocs"):  # documents of both sources, whole (up to 20k characters each)
@@ -169,7 +169,7 @@ def test_bf16_export_keeps_the_router_in_fp32(laptop, tmp_path, hf_modules):
     from transformers import AutoModelForCausalLM
 
     from steps.export.to_hf import ExportHFConfig, export_hf
-    from trainkit import run_step
+    from kits.trainkit import run_step
 
     run_step(export_hf, ExportHFConfig(checkpoint=laptop["midtrain"], dtype="bfloat16"), tmp_path / "bf16")
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16" / "hf"), trust_remote_code=True)
@@ -187,7 +187,7 @@ def test_bf16_export_keeps_the_router_in_fp32(laptop, tmp_path, hf_modules):
 
 def test_bad_input_is_one_clear_error(laptop, tmp_path):
     from steps.export.to_hf import ExportHFConfig, export_hf
-    from trainkit import run_step
+    from kits.trainkit import run_step
 
     with pytest.raises(VoyageError, match="export_hf.dtype"):
         ExportHFConfig(checkpoint="x", dtype="int8")

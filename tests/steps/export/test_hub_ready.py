@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from executor.store import Store
+from executor.storage.store import Store
 
 HUB_FILES = {"README.md", "config.json", "configuration_marin_moe.py", "modeling_marin_moe.py",
              "generation_config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors",

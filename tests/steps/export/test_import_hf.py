@@ -14,7 +14,7 @@ from executor import VoyageError
 from steps.export.dcp_io import CheckpointTensors
 from steps.export.from_hf import ImportHFConfig, import_hf
 from steps.train import checkpoint
-from trainkit import run_step  # noqa: E402  (on sys.path through conftest)
+from kits.trainkit import run_step  # noqa: E402  (on sys.path through conftest)
 
 
 def _tensors(url):

@@ -10,8 +10,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capkit import skewed_moe  # noqa: E402
+from kits.capkit import skewed_moe  # noqa: E402
 
 from steps.moe.config import PRESETS  # noqa: E402
 from steps.train.launch import spawn  # noqa: E402

@@ -2,7 +2,7 @@
 both sources with their licences and exact token counts, eval beside its baselines, every
 upstream step's digests, the code's version, and the live page's link to it."""
 
-from executor.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
 import glob
 import json
 import os

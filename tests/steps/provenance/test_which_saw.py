@@ -2,7 +2,7 @@
 backwards) is checked against a scan of every sequence's `locate` and against the batches the
 trainer's data loader (steps/train/data.py) yields at the steps it names."""
 
-from executor.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
 import dataclasses
 import json
 import os

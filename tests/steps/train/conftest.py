@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import build_tokens  # noqa: E402
+from kits.trainkit import build_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
@@ -46,9 +45,9 @@ def _weights(output):
 
 KILLED_RUN = """
 import sys, pickle
-sys.path.insert(0, {here!r})
-import slowfs; slowfs.register()
-from trainkit import run_step
+sys.path[:0] = [{root!r}, {tests!r}]
+from kits import slowfs; slowfs.register()
+from kits.trainkit import run_step
 from steps.train.pretrain import pretrain
 run_step(pretrain, pickle.loads(bytes.fromhex({cfg!r})), {out!r}, name="pre")
 """
@@ -62,7 +61,7 @@ def test_a_kill_during_an_async_upload_leaves_the_previous_checkpoint_in_force(m
     # uploads that take 3 s a file (injected store latency), training ~0.1 s a step: step-5's
     # upload is finished (and marked) when step-10 starts; kill while step-10 uploads
     out = tmp_path / "async"
-    code = KILLED_RUN.format(here=HERE, cfg=pickle.dumps(cfg).hex(), out=f"slow://{out}")
+    code = KILLED_RUN.format(root=ROOT, tests=os.path.join(ROOT, "tests"), cfg=pickle.dumps(cfg).hex(), out=f"slow://{out}")
     env = {**os.environ, "SLOW_WRITE_S": "3", "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -97,8 +96,8 @@ def test_async_saves_on_two_ranks_are_marked_while_training_goes_on(mix, tmp_pat
     # at its first write (the reference curve, before any worker starts) and changes nothing
     from executor import LeaseLost
     from executor.context import LeaseRef
-    from executor.lease import Leases, Owner
-    from executor.store import Store
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
 
     store = Store(str(tmp_path))
     old, _ = Leases(store, ttl=60, owner=Owner("a", 1, "run-a")).try_acquire("two")
@@ -120,10 +119,10 @@ def test_two_ranks_agree_on_a_lost_lease_before_a_write(tmp_path, taken_over):
     both ranks raise LeaseLost (the other one by one all-reduce, not waiting in a collective for
     a rank that stopped) and nothing is written; while the lease is ours rank 0 writes."""
     from executor.context import LeaseRef
-    from executor.lease import Leases, Owner
-    from executor.store import Store
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
     from steps.train.launch import spawn
-    from trainkit import write_if_agreed
+    from kits.trainkit import write_if_agreed
 
     store = Store(str(tmp_path))
     a = Leases(store, ttl=60, owner=Owner("a", 1, "run-a"))

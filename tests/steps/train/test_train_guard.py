@@ -13,8 +13,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from executor import NonFinite  # noqa: E402
 from executor.failures import NON_FINITE, classify  # noqa: E402

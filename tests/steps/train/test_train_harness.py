@@ -11,8 +11,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval==0.4.13)")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from steps.train.config import DataConfig, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
 from steps.train.eval import EvalConfig, HarnessConfig, evaluate  # noqa: E402

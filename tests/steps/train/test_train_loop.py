@@ -10,11 +10,10 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from executor import VoyageError  # noqa: E402
-from executor.store import Store, output_digest  # noqa: E402
+from executor.storage.store import Store, output_digest  # noqa: E402
 from steps.data.formats import read_json, write_json  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig,  # noqa: E402
@@ -181,7 +180,7 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     before it deletes or writes a byte of B's output."""
     from executor import LeaseLost, StepContext
     from executor.context import LeaseRef
-    from executor.lease import Leases, Owner
+    from executor.storage.lease import Leases, Owner
 
     cfg, whole = whole
     store, dirname = Store(str(tmp_path)), "pre"

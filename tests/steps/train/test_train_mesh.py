@@ -34,9 +34,8 @@ import tempfile
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from meshkit import config, losses, metric, run_eval, run_mesh, seed_checkpoint  # noqa: E402
-from trainkit import make_mixture  # noqa: E402
+from kits.meshkit import config, losses, metric, run_eval, run_mesh, seed_checkpoint  # noqa: E402
+from kits.trainkit import make_mixture  # noqa: E402
 
 from steps.train.config import ParallelConfig  # noqa: E402
 
@@ -52,7 +51,7 @@ WEIGHT_TOLERANCE = 2e-4
 # spike of the bf16 runs only (bf16 compute, not the optimizer): held to bf16 HSDP, the
 # fp32 comparison is bench/mesh_equality.py's.
 BF16_TOLERANCE = 1e-5
-RACK_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rack_host.py")
+RACK_HOST = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "kits", "rack_host.py")
 
 
 @pytest.fixture(scope="module")

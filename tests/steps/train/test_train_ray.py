@@ -11,12 +11,11 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from executor import Resources, Step, output_of  # noqa: E402
 from executor.api import run_steps  # noqa: E402
-from executor.store import Store  # noqa: E402
+from executor.storage.store import Store  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig,  # noqa: E402
                                 TrainConfig, TrainerConfig)

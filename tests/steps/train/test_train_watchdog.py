@@ -6,8 +6,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainkit import make_mixture  # noqa: E402
+from kits.trainkit import make_mixture  # noqa: E402
 
 from executor import RetryPolicy, Step  # noqa: E402
 from executor.api import run_steps  # noqa: E402
