@@ -9,7 +9,7 @@ from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 
-CORPUS = pathlib.Path(__file__).resolve().parents[3] / "data/corpus"
+CORPUS = pathlib.Path(__file__).resolve().parents[2] / "data/corpus"
 
 
 def run_step(fn, config, output, name="t", lease=None):
