@@ -17,34 +17,9 @@ from dataclasses import dataclass
 from executor import Step, output_of, run_only, step_type
 from executor.api import plan_steps
 from executor.plan import Plan, Selection
-from executor.runner import Runner, RunSummary
-from executor.worker import execute
+from executor.testing import InlineBackend, run_inline  # noqa: F401  (re-exported for the tests)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class InlineBackend:
-    """Runs each task in this process as soon as it is submitted."""
-
-    def __init__(self) -> None:
-        self.results: list = []
-
-    def submit(self, task, attempt):
-        handle = object()
-        self.results.append((handle, execute(task)))
-        return handle
-
-    def wait(self, handles, timeout):
-        wanted = {id(h) for h in handles}
-        ready = [(h, r) for h, r in self.results if id(h) in wanted]
-        self.results = [(h, r) for h, r in self.results if id(h) not in wanted]
-        return ready
-
-
-def run_inline(steps, prefix, selection=None, on_change=None) -> tuple[Plan, RunSummary]:
-    plan = plan_steps(steps, prefix, selection)
-    summary = Runner(plan, InlineBackend(), poll=0.01, on_change=on_change).run()
-    return plan, summary
 
 
 def replan(steps, prefix, selection=None) -> Plan:
