@@ -112,7 +112,10 @@ def _coeffs(z: np.ndarray, logy: np.ndarray, floor: float | None, delta: float):
     r = np.zeros(y.shape)
     for _ in range(_GN_STEPS):
         a = np.abs(r)
-        s = np.where(a <= delta, 1.0, np.sqrt(delta / np.maximum(a, 1e-300))) / f0
+        if a.max() <= delta:  # the usual case: every residual in the quadratic arm
+            s = 1.0 / f0
+        else:
+            s = np.where(a <= delta, 1.0, np.sqrt(delta / np.maximum(a, 1e-300))) / f0
         t = f0 * (1.0 - r)  # log f ≈ log f0 + (f − f0)/f0, so r ≈ (f − t)/f0
         if floor is None:
             e, amp = nnls2(s, s * z, s * t)
