@@ -221,6 +221,13 @@ def check_points(points: Iterable[Any]) -> list[LadderPoint]:
         for s in p.seed_losses:
             if not _finite_positive(s):
                 raise FitError(f"{p.name}: a seed's loss {s!r} is not a finite positive number")
+        if p.seed_losses and not (
+            min(p.seed_losses) * (1 - 1e-9) <= float(p.loss) <= max(p.seed_losses) * (1 + 1e-9)
+        ):
+            raise FitError(
+                f"{p.name}: loss {float(p.loss):.6g} is outside its seeds' range "
+                f"[{min(p.seed_losses):.6g}, {max(p.seed_losses):.6g}] (it is their mean)"
+            )
     for p, q in zip(pts, pts[1:]):
         if not float(q.compute) > float(p.compute):
             raise FitError(
@@ -336,11 +343,11 @@ class LawFit:
             "law": LAW,
             "floor": "pinned" if self.floor_pinned else "free",
             "parameters": {
-                k: {"value": float(v), "interval": iv.get(k)}
+                k: {"value": _finite_or_none(v), "interval": iv.get(k)}
                 for k, v in (("E", self.E), ("A", self.A), ("alpha", self.alpha))
             },
             "c_ref": self.c_ref,
-            "a_ref": self.a_ref,
+            "a_ref": _finite_or_none(self.a_ref),
             "level": self.level,
             "points": [
                 {
@@ -372,7 +379,7 @@ class LawFit:
             "convergence": {
                 "converged": self.converged,
                 "reason": self.reason,
-                "objective": self.objective,
+                "objective": _finite_or_none(self.objective),
                 "boot_at_bound": self.boot_at_bound,
             },
         }
@@ -453,6 +460,13 @@ def fit_law(
     if n_boot < 0:
         raise FitError(f"n_boot must be ≥ 0, got {n_boot}")
     floor = None if floor is None else float(floor)
+    if floor is not None and floor > 0:  # floor=0 is the power law without a floor
+        low = min(pts, key=lambda p: float(p.loss))
+        if not floor < float(low.loss):
+            raise FitError(
+                f"the floor {floor:.6g} is not below {low.name}'s loss {float(low.loss):.6g}: "
+                f"the law never goes below its floor"
+            )
     compute = np.array([float(p.compute) for p in pts])
     logy = np.log(np.array([float(p.loss) for p in pts]))
     c_ref = float(np.exp(np.log(compute).mean()))

@@ -176,6 +176,7 @@ def test_band_widens_with_extrapolation_and_holds_the_prediction():
         (noiseless(2) + [{"name": "rung-3", "loss": 3.0}], "rung 3: no 'compute'"),
         (noiseless(2) + [LadderPoint("rung-3", float("nan"), 3.0)], "rung-3: compute nan"),
         (noiseless(2) + [LadderPoint("rung-3", COMPUTE[2], 3.0, (3.0, float("nan")))], "seed's loss nan"),
+        (noiseless(2) + [LadderPoint("rung-3", COMPUTE[2], 3.5, (3.0, 3.1))], "rung-3: loss 3.5 is outside its seeds' range"),
     ],
 )
 def test_bad_input_is_one_clear_line(points, match):
@@ -196,6 +197,7 @@ def test_bad_input_is_one_clear_line(points, match):
         ([3.0, 3.0, 3.0, 3.0], "A = 0: the loss does not fall with compute"),
         ([3.0, 3.1, 3.2, 3.3], "A = 0: the loss does not fall with compute"),
         ([4.0, 3.0, 2.9999, 2.9999], "upper bound"),
+        ([3.0 * c**-0.002 for c in COMPUTE[:4]], "lower bound"),
     ],
 )
 def test_unconverged_fit_is_flagged_and_refused(losses, match):
@@ -205,6 +207,7 @@ def test_unconverged_fit_is_flagged_and_refused(losses, match):
     assert fit.to_json()["convergence"] == {
         "converged": False, "reason": fit.reason, "objective": fit.objective, "boot_at_bound": 0,
     }
+    json.dumps(fit.to_json(), allow_nan=False)
     assert fit.band(1e20) != fit.band(1e20)  # nan: no band from an unconverged fit
     with pytest.raises(FitError, match=f"free-floor fit did not converge: .*{match}") as e:
         fit_report(pts, target_compute=1e21)
@@ -219,6 +222,7 @@ def test_bad_parameters_are_one_line():
         (dict(seed_noise=float("inf")), "seed_noise"),
         (dict(huber_delta=0.0), "huber_delta"),
         (dict(target_seeds=0), "target_seeds"),
+        (dict(floor=law(COMPUTE[4])), "the floor .* is not below rung-5's loss"),
     ):
         with pytest.raises(FitError, match=match):
             fit_law(pts, **kw)
