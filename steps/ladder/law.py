@@ -47,7 +47,9 @@ LAW = "L(C) = E + A*C^-alpha"
 ALPHA_BOUNDS = (0.01, 2.0)  # OLMo-core's range for its exponents
 GRID = 48  # α grid points, log-spaced over ALPHA_BOUNDS
 HUBER_DELTA = 1e-2  # on log residuals; see docs: rung noise is ~0.1-0.5%, so this is robust, not L1
-_GN_STEPS = 8  # Gauss-Newton/IRLS steps per α: residuals are ~1e-3, so it converges in 3-4
+_GN_STEPS = 60  # Gauss-Newton/IRLS steps at most per α; it stops once no residual moves (3-5 steps
+# when every residual is in the quadratic arm, where it is Newton-like; linear convergence otherwise)
+_BOOT_GN_STEPS = 8  # the cap on grids and bootstrap refits: a far-off α needs no exact objective
 _BOOT_GRID = 20  # the bootstrap refits' coarser α grid (neighbours 1.3× apart)
 _GOLDEN_STEPS = 24  # their golden-section refine: the bracket shrinks by 0.618^24 ≈ 1e-5
 
@@ -102,7 +104,7 @@ def nnls2(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.n
     return e, amp
 
 
-def _coeffs(z: np.ndarray, logy: np.ndarray, floor: float | None, delta: float):
+def _coeffs(z: np.ndarray, logy: np.ndarray, floor: float | None, delta: float, steps: int):
     """For z = x^-α and log y, points on the first axis, broadcast together: (E, A, objective,
     residuals) at the Huber optimum over E, A ≥ 0 (E = floor if pinned), by Gauss-Newton on the
     log residual with IRLS weights; stops early once no residual moves by 1e-13."""
@@ -110,7 +112,7 @@ def _coeffs(z: np.ndarray, logy: np.ndarray, floor: float | None, delta: float):
     y = np.exp(logy)
     f0 = y  # start as if every residual were 0: the relative-error least squares
     r = np.zeros(y.shape)
-    for _ in range(_GN_STEPS):
+    for _ in range(steps):
         a = np.abs(r)
         if a.max() <= delta:  # the usual case: every residual in the quadratic arm
             s = 1.0 / f0
@@ -134,10 +136,10 @@ def _coeffs(z: np.ndarray, logy: np.ndarray, floor: float | None, delta: float):
     return e, amp, _huber(r, delta).sum(0), r
 
 
-def _profile(logx, logy, floor, delta, alphas):
+def _profile(logx, logy, floor, delta, alphas, steps=_GN_STEPS):
     """Objective at each α: logx (n), logy (n, ...), alphas broadcast against logy[0]."""
     z = np.exp(-np.multiply.outer(logx, alphas))
-    return _coeffs(z, logy, floor, delta)
+    return _coeffs(z, logy, floor, delta, steps)
 
 
 def _golden(logx, logy, floor, delta, lo, hi):
@@ -145,7 +147,7 @@ def _golden(logx, logy, floor, delta, lo, hi):
     g = (math.sqrt(5) - 1) / 2
 
     def f(al):
-        return _profile(logx, logy, floor, delta, al)[2]
+        return _profile(logx, logy, floor, delta, al, _BOOT_GN_STEPS)[2]
 
     c, d = hi - g * (hi - lo), lo + g * (hi - lo)
     fc, fd = f(c), f(d)
@@ -169,7 +171,7 @@ def _fit_many(logx, logy, floor, delta):
     """Best (E, A_ref, α) for each column of logy (n×B): a coarse α grid, then golden section
     between the best grid point's neighbours."""
     alphas = np.geomspace(ALPHA_BOUNDS[0], ALPHA_BOUNDS[1], _BOOT_GRID)
-    obj = _profile(logx, logy[:, :, None], floor, delta, alphas[None, :])[2]  # B×G
+    obj = _profile(logx, logy[:, :, None], floor, delta, alphas[None, :], _BOOT_GN_STEPS)[2]
     i = obj.argmin(-1)
     lo = alphas[np.maximum(i - 1, 0)]
     hi = alphas[np.minimum(i + 1, _BOOT_GRID - 1)]
@@ -476,7 +478,7 @@ def fit_law(
         return float(_profile(logx, logy, floor, huber_delta, al)[2])
 
     alphas = _alpha_grid()
-    grid = _profile(logx, logy[:, None], floor, huber_delta, alphas)[2]
+    grid = _profile(logx, logy[:, None], floor, huber_delta, alphas, _BOOT_GN_STEPS)[2]
     i = int(grid.argmin())
     lo, hi = alphas[max(i - 1, 0)], alphas[min(i + 1, GRID - 1)]
     res = optimize.minimize_scalar(

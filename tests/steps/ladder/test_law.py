@@ -284,3 +284,37 @@ def test_lfo_row_of_an_unconverged_fit_has_its_reason():
     assert rows[0]["converged"] is True  # 3 rungs on the law
     assert rows[2]["fit_on"] == 4 and rows[2]["converged"] is False and rows[2]["predicted"] is None
     assert rows[2]["reason"]
+
+
+@pytest.mark.parametrize("pinned, outlier", [(False, True), (True, False)])
+def test_variable_projection_finds_the_huber_optimum(pinned, outlier):
+    """Attack the fit's claim to be the optimum: L-BFGS-B on the Huber objective over (log A, α,
+    E) from several starts (OLMo's way; the objective scaled by 1e6 and tight tolerances, or it
+    stops early, Besiroglu's pitfall) finds the same optimum, and never a lower one."""
+    rng = np.random.default_rng(21)
+    pts = noisy(rng, seeds=1, sigma=0.006)[:4]
+    if outlier:  # one rung 3% off the trend: Huber's linear arm in play
+        pts[1] = LadderPoint("rung-2", pts[1].compute, pts[1].loss * 1.03)
+    floor = 1.6 if pinned else None
+    fit = fit_law(pts, floor=floor, n_boot=0)
+    assert fit.converged, fit.reason
+    x = np.log(np.array([p.compute for p in pts]) / fit.c_ref)
+    ly = np.log([p.loss for p in pts])
+    d = fit.huber_delta
+
+    def obj(v):
+        e = floor if pinned else v[2]
+        r = np.log(e + np.exp(v[0] - v[1] * x)) - ly
+        a = np.abs(r)
+        return 1e6 * float(np.where(a <= d, 0.5 * r * r, d * (a - 0.5 * d)).sum())
+
+    bounds = [(-20, 5), ALPHA_BOUNDS] + ([] if pinned else [(0, min(p.loss for p in pts))])
+    best = math.inf
+    for la in (-1.5, 0.5):
+        for al in (0.05, 0.3):
+            v0 = [la, al] if pinned else [la, al, 1.0]
+            r = optimize.minimize(obj, v0, method="L-BFGS-B", bounds=bounds,
+                                  options=dict(ftol=1e-15, gtol=1e-10, maxiter=2000))
+            best = min(best, r.fun / 1e6)
+    assert fit.objective == pytest.approx(best, rel=1e-8)
+    assert fit.objective <= best * (1 + 1e-10)
