@@ -299,7 +299,10 @@ class LawFit:
         lo, hi = np.quantile(dev, [q, 1 - q])
         c = _small_sample(level, self.dof)
         centre = math.log(self.predict(compute))
-        return (float(math.exp(centre + c * lo)), float(math.exp(centre + c * hi)))
+        low = math.exp(centre + c * lo)
+        if self.floor_pinned:  # the reflection and the t factor know nothing of a floor
+            low = max(low, self.E)
+        return (float(low), float(math.exp(centre + c * hi)))
 
     def band(self, compute: float, level: float = 0.9) -> tuple[float, float]:
         """Where a run at `compute` (the mean of `target_seeds` seeds) lands, with probability

@@ -318,3 +318,27 @@ def test_variable_projection_finds_the_huber_optimum(pinned, outlier):
             best = min(best, r.fun / 1e6)
     assert fit.objective == pytest.approx(best, rel=1e-8)
     assert fit.objective <= best * (1 + 1e-10)
+
+
+def test_free_fit_unconverged_beside_a_pinned_one_is_recorded_not_refused():
+    losses = [4.0, 3.0, 2.9999, 2.9999]  # flat at the end: a free floor sends α to its bound
+    pts = [LadderPoint(f"rung-{i + 1}", c, v) for i, (c, v) in enumerate(zip(COMPUTE, losses))]
+    rep = fit_report(pts, target_compute=1e20, floor=1.5, n_boot=50)
+    assert rep["free"]["convergence"]["converged"] is False
+    assert "upper bound" in rep["free"]["convergence"]["reason"]
+    assert rep["free"]["parameters"]["E"]["interval"] is None
+    assert rep["fit_used"] == "pinned" and rep["pinned"]["convergence"]["converged"]
+    lo, hi = rep["target"]["band"]
+    assert 1.5 <= lo < rep["target"]["predicted"] < hi  # never below the pinned floor
+    assert rep["target"]["law_band"][0] >= 1.5
+    json.dumps(rep, allow_nan=False)
+
+
+def test_a_single_seed_target_gets_a_wider_band():
+    pts = noisy(np.random.default_rng(12), seeds=3)[:4]
+    held_out = fit_law(pts)  # the rungs' 3 seeds: a held-out top rung
+    big_run = fit_law(pts, target_seeds=1)
+    lo3, hi3 = held_out.band(COMPUTE[4])
+    lo1, hi1 = big_run.band(COMPUTE[4])
+    assert held_out.target_seeds == 3 and hi1 - lo1 > hi3 - lo3
+    assert held_out.law_band(COMPUTE[4]) == big_run.law_band(COMPUTE[4])
