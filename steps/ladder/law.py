@@ -265,8 +265,9 @@ class LawFit:
     dof: float = 0.0  # degrees of freedom of sigma (inf if given)
     target_seeds: int = 1  # seeds averaged in the result a band is for
     level: float = 0.9
-    boot: tuple[tuple[float, float, float], ...] = ()  # (E, a_ref, α) per bootstrap replicate
-    boot_noise: tuple[float, ...] = ()  # a standardized noise draw per replicate (unit σ)
+    # (E, a_ref, α) per bootstrap replicate, and a standardized noise draw (unit σ) for each
+    boot: tuple[tuple[float, float, float], ...] = field(default=(), repr=False)
+    boot_noise: tuple[float, ...] = field(default=(), repr=False)
     boot_at_bound: int = 0  # replicates whose α sits at a bound of its range
     _arrays: dict = field(default_factory=dict, repr=False, compare=False)
 
