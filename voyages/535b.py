@@ -210,6 +210,8 @@ class VoyageConfig:
     size: str = ""
     ladder: bool = False  # add the scaling ladder: its rungs, the law's fit, the sealed prediction and its check
     ladder_floor: float = -1.0  # the law's floor E, pinned; < 0: fitted (free)
+    ladder_rungs: str = ""  # other rungs than the declared ladder's: sizes, comma-separated (`20k,40k,80k,160k`)
+    ladder_seeds: str = ""  # seeds per rung, comma-separated (default: 1 each with ladder_rungs)
     ladder_tokens: float = 1.0  # a rehearsal of the ladder (the tests): its rungs train this share of the rule's tokens
     size_days: float = 14.0  # a sized full-scale run gets the whole racks that train it in about this many days
 
@@ -531,6 +533,14 @@ def ladder_of(config: VoyageConfig) -> Ladder:
     lad = LAPTOP_LADDER if config.laptop else FULL_LADDER
     if config.ladder_floor >= 0:
         lad = dataclasses.replace(lad, floor=config.ladder_floor)
+    if config.ladder_rungs or config.ladder_seeds:
+        rungs = tuple(x.strip() for x in config.ladder_rungs.split(",") if x.strip()) if config.ladder_rungs \
+            else lad.rungs
+        try:
+            seeds = tuple(int(x) for x in config.ladder_seeds.split(",")) if config.ladder_seeds else (1,) * len(rungs)
+        except ValueError:
+            raise VoyageError(f"ladder_seeds: comma-separated whole numbers, got {config.ladder_seeds!r}") from None
+        lad = Ladder(rungs=rungs, seeds=seeds, target=lad.target, metric=lad.metric, floor=lad.floor)
     return lad
 
 
