@@ -13,7 +13,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 from executor import InputPath, Step, output_of, step_type
@@ -67,7 +66,11 @@ class Target:
 @step_type(version="1", name="ladderkit_target", resumable=True)
 def target(config: Target, ctx) -> None:
     reference = read_law(config.law)
-    time.sleep(0.01)
+    with ctx.open("metrics.jsonl", "w") as f:  # a training curve that lands at its loss (the live page draws it)
+        tokens = TARGET_COMPUTE / FPT
+        for k in range(1, 11):
+            t = tokens * k / 10
+            f.write(json.dumps({"step": k, "tokens": t, "loss": config.loss * (1 + 0.3 * (1 - k / 10) ** 2)}) + "\n")
     with ctx.open("results.json", "w") as f:
         json.dump({"loss": config.loss}, f)
     ctx.results["law"] = against_law(reference, TARGET_COMPUTE, config.loss)
