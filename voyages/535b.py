@@ -732,7 +732,7 @@ def _eval_names(r: Rung) -> list[str]:
 
 def _rung_walls(plan, rungs: list[Rung]) -> dict[str, float]:
     """Wall seconds of a rung's cached training (pretrain + midtrain of its first seed), from the records."""
-    from executor.lineage_view import records
+    from executor.views.lineage_view import records
 
     names = [f"{kind}/ladder/{r.name}/s0" for r in rungs for kind in ("pretrain", "midtrain")]
     names = [n for n in names if n in plan.by_name]

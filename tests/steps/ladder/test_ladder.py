@@ -12,12 +12,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import ladderkit  # noqa: E402
-from executor import VoyageError  # noqa: E402
-from executor.plan import Selection  # noqa: E402
-from executor.store import Store  # noqa: E402
+from executor import VoyageError
+from executor.plan import Selection
+from executor.storage.store import Store
+from kits import ladderkit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 VOYAGE = os.path.join(ROOT, "voyages", "535b.py")

@@ -1,7 +1,7 @@
 """A synthetic ladder for the seal, check and page tests (not a test module): rungs whose eval
 results are drawn from a known law with noise, the real fit, predict and check step types, and
 a target step that takes the sealed prediction as its input, run by the real runner and worker
-in this process (tests/executor/vizkit.py's InlineBackend: records, statuses, no Ray).
+in this process (tests/kits/vizkit.py's InlineBackend: records, statuses, no Ray).
 
 The rung and target steps stand in for training and eval only: they write the `results.json`
 an eval writes and, for the target, read the law it is held against as a training step does.
@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from dataclasses import dataclass
 
 from executor import InputPath, Step, output_of, step_type
 from steps.ladder.steps import (CheckConfig, FitConfig, PredictConfig, RungResult, against_law, ladder_check,
                                 ladder_fit, ladder_predict, read_law)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "executor"))
-from vizkit import run_inline  # noqa: E402,F401  (re-exported)
+from kits.vizkit import run_inline  # noqa: F401  (re-exported)
 
 E, A, ALPHA = 1.6, 40.0, 0.12
 COMPUTE = (1e10, 4e10, 1.6e11, 6.4e11)

@@ -1,24 +1,21 @@
 """The live page's ladder panel in headless Chromium (docs/ladder.md "Reading the page"): after a
 ladder run, the rung table, loss against compute on log axes with the law, its band and the
 target's star, the leave-future-out table, the target's curve against the predicted one, and the
-PENDING -> HIT/MISS badge. The ladder is tests/steps/ladder/ladderkit.py's synthetic one, run by
+PENDING -> HIT/MISS badge. The ladder is tests/kits/ladderkit.py's synthetic one, run by
 the real runner and worker (its rungs' results drawn from a known law; the real fit, predict and
-check steps). Needs Debian's `chromium` and `playwright`, as tests/executor/test_browser.py."""
+check steps). Needs Debian's `chromium` and `playwright`, as tests/executor/views/test_browser.py."""
 
 import os
 import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "steps", "ladder"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import ladderkit  # noqa: E402
+from executor.views.live import LivePage  # noqa: E402
+from kits import ladderkit  # noqa: E402
+from kits.vizkit import replan  # noqa: E402
 from test_browser import CHROMIUM, Opened, browser  # noqa: E402,F401  (the module's browser fixture)
-from vizkit import replan  # noqa: E402
-
-from executor.live import LivePage  # noqa: E402
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
