@@ -642,7 +642,14 @@ def ladder_steps(config: VoyageConfig, tokenized: dict[str, Step], heldout: Step
         recipe, _ = train_config(config, top.scale, top.mixture, seed=pre.config.trainer.seed, sized=True)
         check_rung(top.name, "training", recipe, pre.config, allowed=("law",))
         check = check_step(predict, pre, ev)
-        steps += [ev, check]
+        # the held-out rung's model card carries the verdict, as the run's does when it is the target
+        card = Step(f"card/ladder/{top.name}", model_card, CardConfig(
+            evaluation=output_of(ev, data=False), training=(output_of(pre), output_of(_mid)),
+            mixture=output_of(top.mixture), licenses={s.name: getattr(s.license, "id", s.license)
+                                                      for s in top.scale.sources},
+            title=f"ladder rung {top.name} (the target; {top.scale.preset} preset at width {top.sized.model.dim})",
+            language=("en",), verdict=output_of(check, data=False)), resources=Resources(cpus=1))
+        steps += [ev, check, card]
     steps += [ev for r in fitted for _p, _m, ev in r.runs]
     return BuiltLadder(lad, rungs, fit, predict, check, steps, target_name, fpt * target_tokens)
 

@@ -46,6 +46,9 @@ def test_the_laptop_ladder_seals_trains_and_checks(laptop_voyage, laptop_copy, c
     ev = read("eval/ladder/216k/s0", "results.json")
     assert verdict["landed"] == ev["loss"]
 
+    card = open(os.path.join(prefix, store.served_dir(plan["card/ladder/216k"].node.dirname), "MODEL_CARD.md")).read()
+    assert f"**{verdict['line']}**" in card
+
     from executor.cli import main
 
     capsys.readouterr()

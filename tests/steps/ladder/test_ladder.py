@@ -146,6 +146,7 @@ def test_the_laptop_ladder_shares_the_data_steps_and_holds_out_its_top_rung(v535
     assert "ladder/predict" in {d.name for d in top.deps}
     assert {d.name for d in dag["ladder/check"].deps} == {"ladder/predict", "pretrain/ladder/216k/s0",
                                                           "eval/ladder/216k/s0"}
+    assert "ladder/check" in {d.name for d in dag["card/ladder/216k"].deps}  # the target's card carries the verdict
     # every rung's eval scores the windows the top rung's mixture never draws: the same for all
     assert {n.step.config.mixture.step_name for n in dag if n.name.startswith("eval/ladder/")} == {"ladder/216k/mixture"}
     # the top rung is the laptop recipe at its own size
