@@ -606,9 +606,9 @@
     const px = (x1 - x0) * 0.05 || 0.5, py = (y1 - y0) * 0.08 || 0.01;
     x0 -= px; x1 += px; y0 -= py; y1 += py;
     const sx = (c) => Lm + ((Math.log10(c) - x0) / (x1 - x0)) * (W - Lm - Rm), sy = (l) => Tm + (1 - (Math.log10(l) - y0) / (y1 - y0)) * (H - Tm - B);
-    axes(el, x0, x1, y0, y1, [Lm, Tm, W - Lm - Rm, H - Tm - B], (u) => "1e" + u.toFixed(1), "log10 FLOPs");
+    axes(el, x0, x1, y0, y1, [Lm, Tm, W - Lm - Rm, H - Tm - B], (u) => "1e" + u.toFixed(1), "");
     el.querySelectorAll("text.tick").forEach((t) => { const v = +t.textContent; if (!isNaN(v) && t.getAttribute("text-anchor") === "end") t.textContent = fmt(Math.pow(10, v)); });
-    el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, "loss vs compute (log axes): rungs, the law, its band, the target ★"));
+    el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, "loss vs compute in FLOPs (log axes): rungs, the law, its band, the target ★"));
     const line = [];
     for (let k = 0; k <= 60; k++) { const lc = x0 + ((x1 - x0) * k) / 60; line.push([Math.pow(10, lc), lawAt(law, Math.pow(10, lc))]); }
     el.appendChild(svgEl("polyline", { class: "fitline", points: line.filter((p) => p[1] > 0).map(([c, l]) => sx(c).toFixed(1) + "," + sy(l).toFixed(1)).join(" ") }));
