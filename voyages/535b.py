@@ -755,9 +755,9 @@ def _rung_walls(plan, rungs: list[Rung]) -> dict[str, float]:
 
 def _cached_prediction(lad: Ladder, fitted: list[Rung], target_flops: float, plan) -> str:
     """What the predict step would seal from the rungs already cached under the prefix."""
-    import json as _json
-
     from executor.state import StepState
+    from steps.data.formats import join, read_json
+    from steps.ladder.steps import metric_of
 
     if plan is None:
         return "prediction: (no prefix read)"
@@ -769,11 +769,7 @@ def _cached_prediction(lad: Ladder, fitted: list[Rung], target_flops: float, pla
             if d is None or d.state != StepState.CACHED:
                 break
             try:
-                from steps.data.formats import join, read_json
-
                 results = read_json(join(plan.path(d.node), "results.json"))
-                from steps.ladder.steps import metric_of
-
                 losses.append(metric_of(results, lad.metric, name))
             except (OSError, ValueError, VoyageError):
                 break
@@ -793,7 +789,6 @@ def _cached_prediction(lad: Ladder, fitted: list[Rung], target_flops: float, pla
         return f"prediction: the cached rungs' fit fails ({e}): nothing would be sealed"
     t = rep["target"]
     law = {k: rep[rep["fit_used"]]["parameters"][k]["value"] for k in ("E", "A", "alpha")}
-    _ = _json
     return (f"prediction the {len(points)} cached rungs would seal{' (missing: ' + ', '.join(missing) + ')' if missing else ''}: "
             f"{t['predicted']:.4f} [{t['band'][0]:.4f}, {t['band'][1]:.4f}] at {target_flops:.3g} FLOPs; "
             f"L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['alpha']:.4g}")
