@@ -284,7 +284,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
                 unplaceable[d.name] = problems[0].split(": ", 1)[-1]
         report.print_plan(plan, sys.stdout, unplaceable)
         _print_licences(plan)
-        _print_voyage_summary(vf, config)
+        _print_voyage_summary(vf, config, plan)
         return 0
 
     return _run(opts, vf, plan)
@@ -415,13 +415,20 @@ def _print_licences(plan: Plan) -> None:
     lineage_view.print_licences(plan, sys.stdout)
 
 
-def _print_voyage_summary(vf: VoyageFile, config: object) -> None:
-    """A voyage may define `summary(config) -> str` (its budget, say): printed after the plan."""
+def _print_voyage_summary(vf: VoyageFile, config: object, plan: Plan | None = None) -> None:
+    """A voyage may define `summary(config) -> str` (its budget, say): printed after the plan.
+    A summary that takes a second argument also gets the plan (to read cached outputs)."""
+    import inspect
+
     summary = getattr(vf.module, "summary", None)
     if not callable(summary):
         return
     try:
-        text = summary(config) if vf.config_class is not None else summary()
+        takes_plan = len(inspect.signature(summary).parameters) >= 2
+        if vf.config_class is None:
+            text = summary()
+        else:
+            text = summary(config, plan) if takes_plan else summary(config)
     except Exception as e:  # a broken summary must not hide the plan
         text = f"(the voyage's summary() failed: {type(e).__name__}: {e})"
     if text:

@@ -3,6 +3,9 @@
     marin-run voyages/535b.py --dry-run            # the full-scale plan, its budget and its mesh
     marin-run voyages/535b.py --dry-run --ep 32    # the same with another mesh (see --help)
     marin-run voyages/535b.py --laptop             # the same DAG, tiny, end to end on 2 cores
+    marin-run voyages/535b.py --size 1b --dry-run  # the same recipe at about 1B active parameters
+    marin-run voyages/535b.py --ladder --dry-run   # with its scaling ladder, the law's fit and the sealed prediction
+    marin-run voyages/535b.py --laptop --ladder    # the laptop ladder: 5 rungs of the tiny MoE (docs/ladder.md)
 
 Full scale (public figures, DESIGN.md): declared public sources -> ingest -> dedup -> tokenize
 (the 128,256-token Llama 3 vocabulary, pinned into the prefix) -> mixture (15T tokens of
@@ -39,6 +42,10 @@ from steps.data.plan import CpuNodes, DataPlan, DataSource, format_data_plan, pl
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
+from steps.ladder.ladder import Ladder, check_growing, check_rung
+from steps.ladder.recipe import FULL_SHAPE, LAPTOP_SHAPE, SizeRule, Sized, gpu_hours, human, parse_size
+from steps.ladder.steps import (CheckConfig, FitConfig, PredictConfig, RungResult, ladder_check, ladder_fit,
+                                ladder_predict)
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
 from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
@@ -135,10 +142,11 @@ class Scale:
     eval_tasks: tuple[str, ...] = ()  # lm-eval tasks eval runs (and decontamination removes)
     eval_tokens: float = 0.0  # about how many tokens the eval tasks' documents hold (the data plan's eval index)
     eval_parallel: ParallelConfig = ParallelConfig()  # how eval's workers shard the model
+    overrides: tuple[tuple[str, int], ...] = ()  # the preset's shape at another size (--size, a ladder's rung)
 
     @property
     def model(self) -> MoEConfig:
-        return PRESETS[self.preset]
+        return dataclasses.replace(PRESETS[self.preset], **dict(self.overrides))
 
 
 FULL = Scale(
@@ -197,6 +205,24 @@ class VoyageConfig:
     data_nodes: int = 100  # CPU nodes the data steps run on (docs/DATA.md: 100 nodes of 64 cores)
     data_node_cores: int = 64
     data_node_memory_gb: float = 256.0
+    # The recipe at another size (docs/ladder.md): active parameters (`1b`, `300m`, `60k`) or a
+    # compute (`3e21flops`); width, depth, heads, tokens, batch and lr follow the recipe's rules.
+    size: str = ""
+    ladder: bool = False  # add the scaling ladder: its rungs, the law's fit, the sealed prediction and its check
+    ladder_floor: float = -1.0  # the law's floor E, pinned; < 0: fitted (free)
+    ladder_rungs: str = ""  # other rungs than the declared ladder's: sizes, comma-separated (`20k,40k,80k,160k`)
+    ladder_seeds: str = ""  # seeds per rung, comma-separated (default: 1 each with ladder_rungs)
+    ladder_tokens: float = 1.0  # a rehearsal of the ladder (the tests): its rungs train this share of the rule's tokens
+    size_days: float = 14.0  # a sized full-scale run gets the whole racks that train it in about this many days
+
+
+# The ladders (docs/ladder.md). Full scale: 5 rungs about 4x apart in compute, 0.8% of the 535B
+# run's compute together (the anchors' ladders cost 0.4-1%), every rung fitted, the 535B run the
+# target. Laptop: 5 rungs of the tiny MoE, about 3-4x apart, the top one (the laptop recipe's own
+# size) held out and predicted from the other four.
+FULL_LADDER = Ladder(rungs=("6e19flops", "2.5e20flops", "1e21flops", "4e21flops", "1.6e22flops"),
+                     seeds=(2, 2, 1, 1, 1), target="run", metric="datasets.heldout.loss")
+LAPTOP_LADDER = Ladder(rungs=("22k", "37k", "69k", "111k", "216k"), seeds=(2, 2, 1, 1, 1), target="top", metric="loss")
 
 
 def release_policy(config: VoyageConfig) -> LicensePolicy | None:
@@ -207,6 +233,10 @@ def release_policy(config: VoyageConfig) -> LicensePolicy | None:
 
 
 def scale_of(config: VoyageConfig) -> Scale:
+    if config.size:
+        if config.laptop_steps:
+            raise VoyageError("laptop_steps: not with --size (the size sets the steps)")
+        return scale_at(config, rule_of(config).at(parse_size(config.size)))
     if not config.laptop:
         if config.laptop_steps:
             raise VoyageError("laptop_steps: only with --laptop")
@@ -222,6 +252,34 @@ def scale_of(config: VoyageConfig) -> Scale:
     return dataclasses.replace(LAPTOP, pretrain_tokens=pre * per_step, midtrain_tokens=(steps - pre) * per_step,
                                optimizer=dataclasses.replace(LAPTOP.optimizer,
                                                              warmup_steps=min(LAPTOP.optimizer.warmup_steps, steps // 10)))
+
+
+def rule_of(config: VoyageConfig) -> SizeRule:
+    """The recipe's size rule (steps/ladder/recipe.py), through the recipe's own point: the full
+    535B run, or the laptop's 400 steps of `tiny`."""
+    base = LAPTOP if config.laptop else FULL
+    tokens = base.pretrain_tokens + base.midtrain_tokens
+    return SizeRule.of_recipe(dataclasses.replace(base.model, vocab_size=base.tokenizer_vocab), tokens=tokens,
+                              batch=base.batch_size, seq_len=base.seq_len, lr=base.optimizer.lr,
+                              warmup_steps=base.optimizer.warmup_steps,
+                              shape=LAPTOP_SHAPE if config.laptop else FULL_SHAPE,
+                              pretrain_share=base.pretrain_tokens / tokens, batch_multiple=1 if config.laptop else 64)
+
+
+def scale_at(config: VoyageConfig, sized: Sized) -> Scale:
+    """The recipe's Scale at one size: only the shape, the tokens, the batch, lr and warm-up differ."""
+    base = LAPTOP if config.laptop else FULL
+    return dataclasses.replace(base, overrides=tuple(sorted(sized.overrides.items())),
+                               pretrain_tokens=sized.pretrain_tokens, midtrain_tokens=sized.midtrain_tokens,
+                               batch_size=sized.batch,
+                               optimizer=dataclasses.replace(base.optimizer, lr=sized.lr,
+                                                             warmup_steps=sized.warmup_steps))
+
+
+def run_name(config: VoyageConfig) -> str:
+    if config.size:
+        return f"{'laptop-' if config.laptop else ''}size-{parse_size(config.size).label}"
+    return "laptop" if config.laptop else "535b-a23b"
 
 
 def data_steps(config: VoyageConfig) -> tuple[Step, dict[str, Step]]:
@@ -318,13 +376,16 @@ def _eos(config: VoyageConfig) -> str:
     return "<|eos|>" if config.laptop else "<|end_of_text|>"
 
 
-def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens: float) -> Step:
+def mixture_step(config: VoyageConfig, tokenized: dict[str, Step], total_tokens: float, scale: Scale | None = None,
+                 name: str = "") -> Step:
     """15T of pretraining at one set of weights, then 3.75T of midtraining at another."""
-    scale = scale_of(config)
+    scale = scale or scale_of(config)
     pre = scale.pretrain_tokens / total_tokens
     stages = (MixtureStage(pre, {s.name: s.pretrain for s in scale.sources if s.pretrain}),
               MixtureStage(round(1 - pre, 12), {s.name: s.midtrain for s in scale.sources if s.midtrain}))
-    return Step("mixture/535b" if not config.laptop else "mixture/laptop", mixture, MixtureConfig(
+    if not name:
+        name = f"mixture/{run_name(config)}" if config.size else "mixture/535b" if not config.laptop else "mixture/laptop"
+    return Step(name, mixture, MixtureConfig(
         datasets={n: output_of(t) for n, t in tokenized.items()}, token_budget=int(total_tokens),
         seq_len=scale.seq_len, stages=stages, seed=config.seed, block_size=256 if config.laptop else 2048))
 
@@ -352,13 +413,21 @@ def plan_of(config: VoyageConfig):  # -> (steps.scale.measure.Measured, alternat
                     config.checkpointing, config.offload)
 
 
-def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resources]:
-    """The trainer's run mechanics and a worker's resources: at full scale, the plan's mesh."""
-    common = dict(seed=config.seed, checkpoint_every=scale.checkpoint_every, log_every=25,
+def trainer_of(config: VoyageConfig, scale: Scale, seed: int | None = None,
+               sized: bool = False) -> tuple[TrainerConfig, Resources]:
+    """The trainer's run mechanics and a worker's resources: at full scale, the plan's mesh (at
+    another size, `sized_mesh`'s)."""
+    common = dict(seed=config.seed if seed is None else seed, checkpoint_every=scale.checkpoint_every, log_every=25,
                   permanent_every=0 if config.laptop else 10_000)
+    sized = sized or bool(config.size)
     if config.laptop:  # the live page overlays main's own laptop curve (data/reference/)
-        return TrainerConfig(**common, reference_curve=str(REPO / "data/reference/laptop_loss.csv")), \
-            scale.train_resources
+        curve = "" if sized else str(REPO / "data/reference/laptop_loss.csv")
+        return TrainerConfig(**common, reference_curve=curve), scale.train_resources
+    if sized:
+        racks = sized_racks(config, scale)
+        parallel = ParallelConfig(dp_replicate=racks, dp_shard=64, ep=64, checkpointing="selective")
+        return TrainerConfig(workers=64 * racks, parallel=parallel, async_checkpoint=True, **common), \
+            dataclasses.replace(scale.train_resources, workers=64 * racks)
     plan = plan_of(config)[0].plan
     choice = plan.choice
     m = choice.mesh
@@ -371,30 +440,60 @@ def trainer_of(config: VoyageConfig, scale: Scale) -> tuple[TrainerConfig, Resou
     return trainer, dataclasses.replace(scale.train_resources, workers=m.ranks)
 
 
-def training_steps(config: VoyageConfig, mix: Step, heldout: Step) -> list[Step]:
-    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
-    the Hugging Face export of the midtrained model, and the model card of both."""
-    scale = scale_of(config)
-    trainer, resources = trainer_of(config, scale)
-    train = TrainConfig(
+def sized_racks(config: VoyageConfig, scale: Scale) -> int:
+    """Whole racks (64 GPUs that train in each) for a sized full-scale run: enough to train it in
+    about `size_days` at the anchor's MFU, at most the cluster's, and dividing the batch."""
+    flops = flops_per_token(scale.model, scale.seq_len - 1) * (scale.pretrain_tokens + scale.midtrain_tokens) \
+        * (scale.seq_len - 1) / scale.seq_len
+    hours = gpu_hours(flops, config.gpu_peak_tflops, config.mfu)
+    racks = max(1, min(config.gpus // 72, -(-int(hours) // int(64 * 24 * config.size_days))))
+    while racks > 1 and scale.batch_size % (64 * racks):
+        racks -= 1
+    return racks
+
+
+def train_config(config: VoyageConfig, scale: Scale, mix: Step, seed: int | None = None, law=None,
+                 sized: bool = False) -> tuple[TrainConfig, Resources]:
+    """The recipe's training config at a scale (the recipe's own, or at a size)."""
+    trainer, resources = trainer_of(config, scale, seed, sized)
+    return TrainConfig(
         data=DataConfig(mixture=output_of(mix), batch_size=scale.batch_size),
-        model=ModelSpec(scale.preset, vocab_size=scale.tokenizer_vocab),
+        model=ModelSpec(scale.preset, vocab_size=scale.tokenizer_vocab, overrides=dict(scale.overrides)),
         optimizer=scale.optimizer,
-        trainer=trainer)
-    name = "laptop" if config.laptop else "535b-a23b"
+        trainer=trainer, law=law), resources
+
+
+def train_eval(config: VoyageConfig, scale: Scale, name: str, train: TrainConfig, resources: Resources,
+               heldout: Step, eval_mixture: Step | None = None) -> tuple[Step, Step, Step]:
+    """pretrain, midtrain from its checkpoint, and eval (also on the held-out set)."""
     pre = Step(f"pretrain/{name}", pretrain, train, resources=resources,
                retry=RetryPolicy(max_node_failures=10))
     mid = Step(f"midtrain/{name}", midtrain, dataclasses.replace(train, init_from=output_of(pre)),
                resources=resources, retry=RetryPolicy(max_node_failures=10))
     harness = HarnessConfig(tasks=scale.eval_tasks) if scale.eval_tasks else None
     ev = Step(f"eval/{name}", evaluate, EvalConfig(checkpoint=output_of(mid), parallel=scale.eval_parallel,
+                                                   mixture=output_of(eval_mixture) if eval_mixture else None,
                                                    datasets={scale.heldout.name: output_of(heldout)}, harness=harness),
               resources=scale.eval_resources)
+    return pre, mid, ev
+
+
+def training_steps(config: VoyageConfig, mix: Step, heldout: Step, law=None, verdict=None) -> list[Step]:
+    """pretrain over the first stage, midtrain from its checkpoint over the second, then eval and
+    the Hugging Face export of the midtrained model, and the model card of both. `law`: a
+    ladder's sealed prediction the run is the target of (its identity includes it); `verdict`:
+    a function of the eval step giving the ladder's check step, whose verdict the card carries."""
+    scale = scale_of(config)
+    train, resources = train_config(config, scale, mix, law=law)
+    name = run_name(config)
+    pre, mid, ev = train_eval(config, scale, name, train, resources, heldout)
+    check = verdict(pre, ev) if verdict is not None else None
     # What the cards describe: the export's README.md (the Hub's page) and the card step's own.
     about = CardConfig(
         evaluation=output_of(ev, data=False), training=(output_of(pre), output_of(mid)), mixture=output_of(mix),
         licenses={s.name: getattr(s.license, "id", s.license) for s in scale.sources},
-        title=f"{name} ({scale.preset} preset, seed {config.seed})", language=("en",))
+        title=f"{name} ({scale.preset} preset, seed {config.seed})", language=("en",),
+        verdict=output_of(check, data=False) if check is not None else None)
     # The Hugging Face folder (docs/export.md): fp32 on a laptop, bf16 at full scale (the largest
     # tensor, one layer's 384 experts, is 14.5 GB in fp32 while it is read).
     ex = Step(f"export/{name}", export_hf, ExportHFConfig(
@@ -405,27 +504,297 @@ def training_steps(config: VoyageConfig, mix: Step, heldout: Step) -> list[Step]
     # The model card (docs/provenance.md): a cheap step of its own after eval, linking the export.
     card = Step(f"card/{name}", model_card, dataclasses.replace(about, export=output_of(ex)),
                 resources=Resources(cpus=1 if config.laptop else 2))
-    return [pre, mid, ev, ex, card]
+    return [pre, mid, ev, ex, card] + ([check] if check is not None else [])
 
 
 def voyage(config: VoyageConfig) -> list[Step]:
     """Sources -> ingest -> dedup -> decontaminate -> tokenize -> mixture -> pretrain -> midtrain -> eval
     (also on the held-out set), export. At full
     scale the training step's mesh is planned first: a plan that does not divide or fit stops
-    the voyage here (VoyageError: exit 2)."""
+    the voyage here (VoyageError: exit 2). With `ladder`, the ladder's rungs, fit, sealed
+    prediction and check (docs/ladder.md)."""
     scale = scale_of(config)
     _tok, tokenized, heldout = data_and_heldout(config)
     mix = mixture_step(config, tokenized, scale.pretrain_tokens + scale.midtrain_tokens)
-    return training_steps(config, mix, heldout)
+    if not config.ladder:
+        return training_steps(config, mix, heldout)
+    built = ladder_steps(config, tokenized, heldout)
+    if built.ladder.target == "run":  # the voyage's own run is the target: it takes the sealed prediction
+        return built.steps + training_steps(config, mix, heldout, law=output_of(built.predict),
+                                            verdict=lambda pre, ev: check_step(built.predict, pre, ev))
+    return built.steps + training_steps(config, mix, heldout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scaling ladder (docs/ladder.md): rungs of the recipe at other sizes, sharing the data steps.
+
+
+def ladder_of(config: VoyageConfig) -> Ladder:
+    lad = LAPTOP_LADDER if config.laptop else FULL_LADDER
+    if config.ladder_floor >= 0:
+        lad = dataclasses.replace(lad, floor=config.ladder_floor)
+    if config.ladder_rungs or config.ladder_seeds:
+        rungs = tuple(x.strip() for x in config.ladder_rungs.split(",") if x.strip()) if config.ladder_rungs \
+            else lad.rungs
+        try:
+            seeds = tuple(int(x) for x in config.ladder_seeds.split(",")) if config.ladder_seeds else (1,) * len(rungs)
+        except ValueError:
+            raise VoyageError(f"ladder_seeds: comma-separated whole numbers, got {config.ladder_seeds!r}") from None
+        lad = Ladder(rungs=rungs, seeds=seeds, target=lad.target, metric=lad.metric, floor=lad.floor)
+    return lad
+
+
+@dataclass
+class Rung:
+    name: str  # its size's label: `22k`, `6e19flops`
+    sized: Sized
+    scale: Scale
+    seeds: int
+    mixture: Step | None = None
+    runs: list = dataclasses.field(default_factory=list)  # (pretrain, midtrain, eval) per seed
+
+
+@dataclass
+class BuiltLadder:
+    ladder: Ladder
+    rungs: list[Rung]
+    fit: Step
+    predict: Step
+    check: Step | None  # the top rung's check; for target "run", the voyage's run builds it
+    steps: list[Step]
+    target_name: str
+    target_compute: float
+
+
+def ladder_rule(config: VoyageConfig) -> SizeRule:
+    """The recipe's rule, as the ladder's rungs follow it (`ladder_tokens` shortens a rehearsal)."""
+    rule = rule_of(config)
+    if config.ladder_tokens != 1.0:
+        if not 0 < config.ladder_tokens <= 1:
+            raise VoyageError(f"ladder_tokens must lie in (0, 1], got {config.ladder_tokens}")
+        rule = dataclasses.replace(rule, tokens_per_param=rule.tokens_per_param * config.ladder_tokens)
+    return rule
+
+
+def rungs_of(config: VoyageConfig, lad: Ladder | None = None) -> list[Rung]:
+    """The ladder's rungs at their sizes (no steps): the recipe's rule at each declared size,
+    compute growing from rung to rung (else exit 2)."""
+    lad = lad or ladder_of(config)
+    rule = ladder_rule(config)
+    rungs = []
+    for size, seeds in zip(lad.rungs, lad.seeds):
+        sized = rule.at(parse_size(size))
+        rungs.append(Rung(parse_size(size).label, sized, scale_at(config, sized), seeds))
+    check_growing([r.name for r in rungs], [r.sized.flops for r in rungs])
+    return rungs
+
+
+def ladder_steps(config: VoyageConfig, tokenized: dict[str, Step], heldout: Step,
+                 rungs: list[Rung] | None = None) -> BuiltLadder:
+    """Per rung, the recipe's mixture, training and eval at that size (one per seed), sharing
+    the data steps; the fit over the fitted rungs, the sealed prediction for the target and,
+    with target `top`, the top rung's training taking the prediction and its check. Every rung's
+    configs are checked against the recipe's at its size (exit 2 naming a field that differs).
+    `rungs` may carry steps already built (a voyage of its own); None builds them."""
+    lad = ladder_of(config)
+    rungs = rungs if rungs is not None else rungs_of(config, lad)
+    top = rungs[-1]
+    held_out = lad.target == "top"
+    fitted = rungs[:-1] if held_out else rungs
+    for r in rungs:
+        if r.mixture is None:
+            r.mixture = mixture_step(config, tokenized, r.scale.pretrain_tokens + r.scale.midtrain_tokens, r.scale,
+                                     name=f"ladder/{r.name}/mixture")
+    # the laptop's held-out windows: those the top rung's mixture never draws, never drawn by any
+    # rung (one seeded order, each rung drawing a prefix of it), so every rung is scored alike
+    pin = top.mixture if lad.metric == "loss" else None
+    for r in fitted:
+        if not r.runs:
+            for seed in range(r.seeds):
+                train, resources = train_config(config, r.scale, r.mixture, seed=config.seed + seed, sized=True)
+                r.runs.append(train_eval(config, r.scale, f"ladder/{r.name}/s{seed}", train, resources, heldout, pin))
+    for r in rungs:
+        recipe_mix = mixture_step(config, tokenized, r.scale.pretrain_tokens + r.scale.midtrain_tokens, r.scale,
+                                  name=r.mixture.name)
+        check_rung(r.name, "mixture", recipe_mix.config, r.mixture.config)
+        for seed, (pre, _mid, _ev) in enumerate(r.runs):
+            recipe, _ = train_config(config, r.scale, r.mixture, seed=pre.config.trainer.seed, sized=True)
+            check_rung(r.name, "training", recipe, pre.config, allowed=("law",))
+    target_name = f"ladder/{top.name}" if held_out else run_name(config)
+    target = scale_of(config) if not held_out else top.scale
+    target_tokens = (target.pretrain_tokens + target.midtrain_tokens) * (target.seq_len - 1) / target.seq_len
+    fpt = flops_per_token(target.model, target.seq_len - 1)
+    fit = Step("ladder/fit", ladder_fit, FitConfig(
+        rungs=tuple(RungResult(r.name, r.sized.flops, tuple(output_of(ev, data=False) for _p, _m, ev in r.runs),
+                               params=r.sized.active_params, tokens=r.sized.tokens, size=r.name) for r in fitted),
+        target=target_name, target_compute=fpt * target_tokens, target_tokens=target_tokens, metric=lad.metric,
+        floor=lad.floor, rule=ladder_rule(config).describe()), resources=Resources(cpus=1))
+    predict = Step("ladder/predict", ladder_predict, PredictConfig(fit=output_of(fit, data=False), flops_per_token=fpt),
+                   resources=Resources(cpus=1))
+    steps: list[Step] = [fit, predict]
+    check = None
+    if held_out:
+        if not top.runs:
+            train, resources = train_config(config, top.scale, top.mixture, seed=config.seed, sized=True,
+                                            law=output_of(predict, data=False))
+            top.runs.append(train_eval(config, top.scale, f"ladder/{top.name}/s0", train, resources, heldout, pin))
+        pre, _mid, ev = top.runs[0]
+        recipe, _ = train_config(config, top.scale, top.mixture, seed=pre.config.trainer.seed, sized=True)
+        check_rung(top.name, "training", recipe, pre.config, allowed=("law",))
+        check = check_step(predict, pre, ev)
+        # the held-out rung's model card carries the verdict, as the run's does when it is the target
+        card = Step(f"card/ladder/{top.name}", model_card, CardConfig(
+            evaluation=output_of(ev, data=False), training=(output_of(pre), output_of(_mid)),
+            mixture=output_of(top.mixture), licenses={s.name: getattr(s.license, "id", s.license)
+                                                      for s in top.scale.sources},
+            title=f"ladder rung {top.name} (the target; {top.scale.preset} preset at width {top.sized.model.dim})",
+            language=("en",), verdict=output_of(check, data=False)), resources=Resources(cpus=1))
+        steps += [ev, check, card]
+    steps += [ev for r in fitted for _p, _m, ev in r.runs]
+    return BuiltLadder(lad, rungs, fit, predict, check, steps, target_name, fpt * target_tokens)
+
+
+def check_step(predict: Step, pre: Step, ev: Step) -> Step:
+    """HIT or MISS: the target's eval against the prediction its training consumed."""
+    return Step("ladder/check", ladder_check, CheckConfig(prediction=output_of(predict, data=False),
+                                                          training=output_of(pre, data=False),
+                                                          evaluation=output_of(ev, data=False)),
+                resources=Resources(cpus=1))
 
 
 # ---------------------------------------------------------------------------------------------
 # The budget, printed by `marin-run voyages/535b.py --dry-run`.
 
 
-def summary(config: VoyageConfig) -> str:
+def summary(config: VoyageConfig, plan=None) -> str:
     """The budget (parameters, tokens, steps, FLOPs by the trainer's own formula, GPU-hours and
-    days at the plan's step time) and the plan of the training step."""
+    days at the plan's step time) and the plan of the training step; at another size, its
+    budget by the recipe's rules; with the ladder, its rungs and the prediction the cached rungs
+    would seal (`plan`: the dry-run's, whose records are read)."""
+    text = sized_summary(config) if config.size else run_summary(config)
+    if config.ladder:
+        text += "\n\n" + ladder_summary(config, plan)
+    return text
+
+
+def sized_summary(config: VoyageConfig) -> str:
+    """The recipe at `--size`: its shape, tokens, batch, lr and compute by the rules, and at full
+    scale its GPU-hours at the anchor's MFU."""
+    rule = rule_of(config)
+    sized = rule.at(parse_size(config.size))
+    recipe = rule.at_width(rule.base.dim)
+    lines = [f"the {'laptop' if config.laptop else '535B-A23B'} recipe at size {sized.label}: {sized.describe()}",
+             f"  {sized.flops / recipe.flops:.3g}x the recipe's compute; switch at "
+             f"{sized.pretrain_steps / sized.steps:.0%} ({sized.pretrain_steps:,} pretrain steps)",
+             f"  rules: {rule.describe()}"]
+    if not config.laptop:
+        scale = scale_of(config)
+        racks = sized_racks(config, scale)
+        hours = gpu_hours(sized.flops, config.gpu_peak_tflops, config.mfu)
+        lines.append(f"  time: {hours:,.0f} GPU-hours at the anchor's {config.mfu:.1%} MFU of {config.gpu_peak_tflops:g} "
+                     f"TFLOP/s; {racks} rack(s) of 64 training GPUs: {hours / (64 * racks) / 24:,.1f} days")
+    return "\n".join(lines)
+
+
+def ladder_summary(config: VoyageConfig, plan=None) -> str:
+    """The rungs (size, shape, tokens, FLOPs, GPU-hours at full scale or the wall time measured
+    here), their share of the target's compute, and the prediction the cached rungs would seal."""
+    lad = ladder_of(config)
+    rungs = rungs_of(config, lad)
+    held_out = lad.target == "top"
+    target = scale_of(config) if not held_out else rungs[-1].scale
+    t_tokens = (target.pretrain_tokens + target.midtrain_tokens) * (target.seq_len - 1) / target.seq_len
+    t_flops = flops_per_token(target.model, target.seq_len - 1) * t_tokens
+    run_flops = rule_of(config).at_width(rule_of(config).base.dim).flops if config.laptop else t_flops
+    lines = [f"scaling ladder ({len(rungs)} rungs, target: "
+             f"{'the top rung, held out' if held_out else 'this run'}; law L(C) = E + A*C^-alpha on eval "
+             f"`{lad.metric}`, floor {'pinned at %g' % lad.floor if lad.floor is not None else 'fitted'}):",
+             f"  {'rung':<12} {'width':>6} {'layers':>6} {'active':>8} {'total':>8} {'tokens':>8} {'steps':>8} "
+             f"{'batch':>6} {'lr':>9} {'FLOPs':>9} {'seeds':>5} {'GPU-hours' if not config.laptop else 'wall here':>10}"]
+    ladder_flops = 0.0
+    walls = _rung_walls(plan, rungs) if plan is not None else {}
+    for r in rungs:
+        s = r.sized
+        seeds = 1 if held_out and r is rungs[-1] else r.seeds
+        ladder_flops += s.flops * seeds
+        cost = (f"{gpu_hours(s.flops, config.gpu_peak_tflops, config.mfu) * seeds:,.0f}" if not config.laptop
+                else (f"{walls[r.name]:.0f} s" if r.name in walls else "-"))
+        lines.append(f"  {r.name + (' (target)' if held_out and r is rungs[-1] else ''):<12} {s.model.dim:>6} "
+                     f"{s.model.n_layers:>6} {human(s.active_params):>8} {human(s.total_params):>8} {human(s.tokens):>8} "
+                     f"{s.steps:>8,} {s.batch:>6,} {s.lr:>9.3g} {s.flops:>9.2e} {seeds:>5} {cost:>10}")
+    share = ladder_flops / run_flops
+    lines.append(f"  the ladder: {ladder_flops:.3g} FLOPs, {share:.2%} of the "
+                 f"{'laptop recipe' if config.laptop else '535B run'}'s {run_flops:.3g}"
+                 + (f"; {gpu_hours(ladder_flops, config.gpu_peak_tflops, config.mfu):,.0f} GPU-hours at the "
+                    f"anchor's MFU" if not config.laptop else ""))
+    lines.append(f"  target {'ladder/' + rungs[-1].name if held_out else run_name(config)}: {t_flops:.3g} FLOPs, "
+                 f"{t_flops / (rungs[-2] if held_out else rungs[-1]).sized.flops:.3g}x the top fitted rung")
+    lines.append("  " + _cached_prediction(lad, rungs[:-1] if held_out else rungs, t_flops, plan))
+    return "\n".join(lines)
+
+
+def _eval_names(r: Rung) -> list[str]:
+    return [f"eval/ladder/{r.name}/s{seed}" for seed in range(r.seeds)]
+
+
+def _rung_walls(plan, rungs: list[Rung]) -> dict[str, float]:
+    """Wall seconds of a rung's cached training (pretrain + midtrain of its first seed), from the records."""
+    from executor.views.lineage_view import records
+
+    names = [f"{kind}/ladder/{r.name}/s0" for r in rungs for kind in ("pretrain", "midtrain")]
+    names = [n for n in names if n in plan.by_name]
+    recs = records(plan, names)
+    out: dict[str, float] = {}
+    for r in rungs:
+        walls = [(recs.get(f"{kind}/ladder/{r.name}/s0") or {}).get("results", {}).get("wall_s")
+                 for kind in ("pretrain", "midtrain")]
+        if all(isinstance(w, (int, float)) for w in walls):
+            out[r.name] = sum(walls)
+    return out
+
+
+def _cached_prediction(lad: Ladder, fitted: list[Rung], target_flops: float, plan) -> str:
+    """What the predict step would seal from the rungs already cached under the prefix."""
+    from executor.state import StepState
+    from steps.data.formats import join, read_json
+    from steps.ladder.steps import metric_of
+
+    if plan is None:
+        return "prediction: (no prefix read)"
+    points, missing = [], []
+    for r in fitted:
+        losses = []
+        for name in _eval_names(r):
+            d = plan.by_name.get(name)
+            if d is None or d.state != StepState.CACHED:
+                break
+            try:
+                results = read_json(join(plan.path(d.node), "results.json"))
+                losses.append(metric_of(results, lad.metric, name))
+            except (OSError, ValueError, VoyageError):
+                break
+        if len(losses) == r.seeds:
+            points.append((r, losses))
+        else:
+            missing.append(r.name)
+    if len(points) < 3:
+        return (f"prediction: {len(points)} of {len(fitted)} fitted rungs cached; the law needs 3: nothing to seal yet"
+                + (f" (missing: {', '.join(missing)})" if missing else ""))
+    from steps.ladder.law import FitError, LadderPoint, fit_report
+
+    pts = [LadderPoint(r.name, r.sized.flops, sum(ls) / len(ls), tuple(ls) if len(ls) > 1 else ()) for r, ls in points]
+    try:
+        rep = fit_report(pts, target_compute=target_flops, floor=lad.floor)
+    except FitError as e:
+        return f"prediction: the cached rungs' fit fails ({e}): nothing would be sealed"
+    t = rep["target"]
+    law = {k: rep[rep["fit_used"]]["parameters"][k]["value"] for k in ("E", "A", "alpha")}
+    return (f"prediction the {len(points)} cached rungs would seal{' (missing: ' + ', '.join(missing) + ')' if missing else ''}: "
+            f"{t['predicted']:.4f} [{t['band'][0]:.4f}, {t['band'][1]:.4f}] at {target_flops:.3g} FLOPs; "
+            f"L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['alpha']:.4g}")
+
+
+def run_summary(config: VoyageConfig) -> str:
     scale = scale_of(config)
     m = scale.model
     total, active = param_counts(m)

@@ -60,13 +60,17 @@ def amounts(rec: dict[str, Any] | None) -> str:
         return ""
     tokens = (rec.get("provenance") or {}).get("tokens")
     results = rec.get("results") or {}
+    if results.get("verdict") in ("HIT", "MISS") and isinstance(results.get("line"), str):
+        return results["line"]  # a ladder's check (docs/ladder.md): the target against its sealed prediction
+    law = results.get("law")
+    against = f"; {law['text']}" if isinstance(law, dict) and isinstance(law.get("text"), str) else ""
     if isinstance(tokens, dict) and tokens.get("total"):
         per = "; ".join(f"{src} {_count(v['tokens'])} ({v.get('license', '?')})"
                         for src, v in (tokens.get("by_source") or {}).items())
         steps = tokens.get("steps")
         # the record keeps [first, end); printed inclusive, as --which-saw prints ranges: "320-399"
         where = f" in steps {step_span(steps[0], steps[1])}" if steps else ""
-        return f"consumed {_count(tokens['total']['tokens'])} tokens{where}" + (f": {per}" if per else "")
+        return f"consumed {_count(tokens['total']['tokens'])} tokens{where}" + (f": {per}" if per else "") + against
     if isinstance(results.get("tokens"), int):
         return f"{_count(results['tokens'])} tokens, {_count(results.get('documents') or 0)} documents"
     if isinstance(results.get("documents_kept"), int):

@@ -75,6 +75,12 @@ class LivePage:
         self._thread: threading.Thread | None = None
         self.writes, self.write_seconds, self.failures = 0, 0.0, 0
         self._warned_at = -WARN_EVERY
+        # A scaling ladder's fit, sealed prediction and verdict (steps/ladder/steps.py): read once
+        # each, when its step has succeeded, for the ladder panel (docs/ladder.md)
+        self._ladder_steps = {i: LADDER_FILES[d.node.step.type.name] for i, d in enumerate(plan.decisions)
+                              if d.node.step.type.name in LADDER_FILES}
+        self._ladder: dict[str, Any] = {}
+        self._targets = _ladder_targets(plan, self._ladder_steps)
 
     def _render_plan(self) -> None:
         head, tail = html.page_parts(self._data, self._title, live=True)
@@ -168,6 +174,8 @@ class LivePage:
                 dirty = True
             finished = [i for i in sorted(polled) if self.rows[i][0] in (StepState.SUCCESS, StepState.FAILED)]
             self._read_records(finished)
+            if self._read_ladder():
+                dirty = True
             curves_changed = self.metrics.poll_many([self._dirnames[i] for i in sorted(polled)])
             if dirty or curves_changed:
                 self._write()
@@ -207,6 +215,37 @@ class LivePage:
                 except (ValueError, TypeError, AttributeError):
                     continue
 
+    def _read_ladder(self) -> bool:
+        """Read the ladder files of the ladder steps that succeeded (cached or in this run) and
+        are not read yet; True if one was."""
+        read = False
+        for i, (key, name) in self._ladder_steps.items():
+            if key in self._ladder:
+                continue
+            decision = self.plan.decisions[i]
+            cached = decision.status is not None and decision.status.state == SUCCESS and not decision.will_run
+            if not (cached or self.rows[i][0] == StepState.SUCCESS) or i not in self._served:
+                continue
+            try:
+                with self.store.fs.open(self.store.path(self._served[i], name), "rb") as f:
+                    self._ladder[key] = json.loads(f.read())
+                read = True
+            except (OSError, ValueError):
+                continue
+        return read
+
+    def ladder_json(self) -> dict[str, Any] | None:
+        """The ladder panel's data: the fit, the sealed prediction, the verdict (each once its
+        step succeeded), the target's training steps (by index) and the badge."""
+        if not self._ladder_steps:
+            return None
+        check = next((i for i, (k, _) in self._ladder_steps.items() if k == "verdict"), None)
+        verdict = self._ladder.get("verdict")
+        badge = verdict["verdict"] if verdict else (
+            "FAILED" if check is not None and self.rows[check][0] == StepState.FAILED else
+            "PENDING" if "prediction" in self._ladder else "UNSEALED")
+        return {**self._ladder, "badge": badge, "targets": self._targets}
+
     def run_json(self) -> dict[str, Any]:
         """The run part of the page: a row per step and the curves read so far."""
         with self._lock:
@@ -218,7 +257,8 @@ class LivePage:
                 curves[str(i)] = c
         return {"started": self.started, "updated": time.time(), "finished": self.finished, "poll": self.poll_every,
                 "steps": rows,
-                "metrics": curves, "records": {str(i): r for i, r in self._records.items()}, "cards": self.cards()}
+                "metrics": curves, "records": {str(i): r for i, r in self._records.items()}, "cards": self.cards(),
+                "ladder": self.ladder_json()}
 
     def cards(self) -> dict[str, str]:
         """Step name -> link (relative to the page) of each model card a step of the plan has
@@ -259,6 +299,21 @@ class LivePage:
         gcs = {"content_type": content_type, "fixed_key_metadata": {"cache_control": "no-cache, max-age=0"}}
         write_atomic(self.store.path(self.folder, name), data, fs=self.store.fs,
                      **(gcs if is_gcs(self.store.fs) else {}))
+
+
+# step type -> (key in the ladder panel's data, the file of its output)
+LADDER_FILES = {"ladder_fit": ("fit", "fit.json"), "ladder_predict": ("prediction", "prediction.json"),
+                "ladder_check": ("verdict", "verdict.json")}
+
+
+def _ladder_targets(plan: Plan, ladder_steps: dict[int, tuple[str, str]]) -> list[int]:
+    """The training steps that take a ladder's sealed prediction (their curves are drawn
+    against the predicted one)."""
+    predict = {plan.decisions[i].name for i, (k, _) in ladder_steps.items() if k == "prediction"}
+    if not predict:
+        return []
+    return [i for i, d in enumerate(plan.decisions)
+            if d.node.step.type.resumable and any(dep.name in predict for dep in d.node.deps)]
 
 
 def open_page(plan: Plan, voyage: str, run_id: str, **kwargs: Any) -> LivePage | None:

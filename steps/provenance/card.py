@@ -61,6 +61,9 @@ class CardConfig:
     licenses: dict[str, str] = field(default_factory=dict)
     title: str = ""
     language: tuple[str, ...] = ()  # ISO 639-1 codes of the sources' text (the Hub's `language`)
+    # a ladder's check step (steps/ladder/steps.py), when the model was the target of a sealed
+    # prediction: its verdict goes into the card (docs/ladder.md)
+    verdict: InputPath | None = None
 
     def __post_init__(self) -> None:
         if not self.training:
@@ -118,6 +121,7 @@ def build_card(config: CardConfig) -> dict[str, Any]:
         "upstream": upstream,
         "code": environment(),
         "steps": sorted(names),
+        **({"prediction": read_json(join(config.verdict, "verdict.json"))} if config.verdict else {}),
     }
 
 
@@ -388,6 +392,11 @@ def render(card: dict[str, Any]) -> str:
         for task, metrics in (ev.get(key) or {}).items():
             shown = ", ".join(f"{k} {_f(v)}" for k, v in sorted(metrics.items()) if isinstance(v, (int, float)))
             out.append(f"\n{key} `{task}`: {shown}")
+    if card.get("prediction"):  # a ladder's sealed prediction for this model and its verdict (docs/ladder.md)
+        p = card["prediction"]
+        out += ["", "### Against its sealed prediction", "",
+                f"**{p['line']}** (held-out `{p['prediction']['metric']}`; the scaling ladder's law, sealed before "
+                f"training began; {p['prediction']['level']:.0%} band)."]
     out += ["", "## Provenance", "",
             "Every step upstream of this card, with its recipe digest (its output folder is "
             "`{name}-{digest[:10]}` under the prefix) and the digest of what it wrote.", "",

@@ -314,3 +314,8 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     init_from: InputPath | None = None
+    # A ladder's law to be held against (docs/ladder.md): the output of a `ladder_fit` step or of
+    # a `ladder_predict` step (a sealed prediction: the target of a ladder takes its own, so its
+    # identity includes the prediction). The record then says how far the step's final training
+    # loss lies from the law at its compute ("+2.1% above the law at 3e15 FLOPs").
+    law: InputPath | None = None

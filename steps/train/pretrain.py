@@ -94,6 +94,11 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     from steps.train.launch import launch
 
     job = prepare(config, ctx, phase)
+    law = None
+    if config.law is not None:  # read before training: a bad reference fails here, not after the run
+        from steps.ladder.steps import read_law
+
+        law = read_law(config.law)
     with ctx.fenced("writing the reference curve"):  # a superseded attempt of the lineage stops here
         write_reference(config.trainer.reference_curve, ctx.output)  # for the live page; a bad URL fails here
     total, active = count_params(job.model_config)
@@ -124,3 +129,9 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)
+    if law is not None and "loss" in row:  # the run against a ladder's law (docs/ladder.md)
+        from steps.ladder.steps import against_law
+        from steps.moe.config import flops_per_token
+
+        compute = flops_per_token(job.model_config, job.manifest["seq_len"] - 1) * meta["tokens"]
+        ctx.results["law"] = against_law(law, compute, float(row["loss"]))

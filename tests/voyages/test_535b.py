@@ -324,3 +324,33 @@ def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     got = run_hf_tasks(folder, HarnessConfig(tasks=("verses",), include_path=str(tmp_path / "tasks")), "cpu", 4)
     assert 0 < got["verses"]["bits_per_byte,none"] < 8
+
+
+def test_the_full_ladder_is_under_one_percent_and_the_run_takes_the_prediction(v535, capsys, tmp_path):
+    """The full voyage's ladder (docs/ladder.md): its rungs cost under 1% of the 535B run's
+    compute (the dry-run prints their GPU-hours); the run itself is the target, taking the
+    sealed prediction (its identity includes it: another ladder, another run) and its card the
+    check; `--size` plans the same DAG as the full run."""
+    from executor.cli import main
+    from executor.dag import build_dag
+
+    plain = build_dag(v535.voyage(v535.VoyageConfig()))
+    dag = build_dag(v535.voyage(v535.VoyageConfig(ladder=True)))
+    assert "ladder/predict" in {d.name for d in dag["pretrain/535b-a23b"].deps}
+    assert "ladder/check" in {d.name for d in dag["card/535b-a23b"].deps}
+    run = "pretrain/535b-a23b"
+    assert dag[run].digest != plain[run].digest
+    assert build_dag(v535.voyage(v535.VoyageConfig(ladder=True, ladder_floor=1.5)))[run].digest != dag[run].digest
+    assert {n.name: n.digest for n in plain if n.name.startswith(("raw/", "tokenized/", "mixture/"))} == \
+        {n.name: n.digest for n in dag if n.name.startswith(("raw/", "tokenized/", "mixture/"))}
+    kinds = lambda d: {(n.step.type.name, frozenset(x.step.type.name for x in n.deps)) for n in d}  # noqa: E731
+    assert kinds(build_dag(v535.voyage(v535.VoyageConfig(size="1b")))) == kinds(plain)
+    assert main([VOYAGE, "--ladder", "--dry-run", "--prefix", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    share = next(line for line in out.splitlines() if line.strip().startswith("the ladder:"))
+    assert "of the 535B run's 2.59e+24" in share and "GPU-hours" in share
+    assert float(share.split("FLOPs, ")[1].split("%")[0]) < 1.0
+    assert "nothing to seal yet" in out and "1.6e22flops" in out
+    assert main([VOYAGE, "--ladder", "--ladder_rungs", "1e20flops,1e21flops,1e26flops", "--dry-run", "--prefix",
+                 str(tmp_path / "p")]) == 2
+    assert "the target's compute 2.59e+24 does not exceed the top fitted rung's" in capsys.readouterr().err

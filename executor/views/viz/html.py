@@ -39,6 +39,7 @@ _BODY = """<header>
 <path class="arrow stale" d="M0,0L10,5L0,10z"/></marker></defs>
 <g id="viewport"><g id="links"></g><g id="focus"></g><g id="boxes"></g></g></svg></div>
 <aside id="details" hidden></aside></main>
+<section id="ladder" hidden></section>
 <section id="curves" hidden></section>
 """
 

@@ -198,6 +198,7 @@
           : " · running · updated " + when(R.updated));
     }
     $("summary").textContent = text;
+    drawLadder();
     drawCurves();
     if (selected !== null) showDetails(selected);
   }
@@ -570,6 +571,134 @@
       rowEl.appendChild(body);
       pane.appendChild(rowEl);
     });
+  }
+
+  // -- the scaling ladder (docs/ladder.md): rungs, the law on log axes with its band and the
+  // target's star, the leave-future-out table, the target's curve against the predicted one, and
+  // the PENDING -> HIT/MISS badge --------------------------------------------------------------------
+  function table(head, rows) {
+    const t = h("table", "");
+    const tr = h("tr", "");
+    head.forEach((c) => tr.appendChild(h("th", "", c)));
+    t.appendChild(tr);
+    rows.forEach((r) => {
+      const row = h("tr", "");
+      r.forEach((c) => row.appendChild(h("td", "", c === null || c === undefined ? "-" : String(c))));
+      t.appendChild(row);
+    });
+    return t;
+  }
+  function pct(v) { return v === null || v === undefined ? "-" : (v >= 0 ? "+" : "") + v.toFixed(2) + "%"; }
+  function lawAt(law, c) { return law.E + law.A * Math.pow(c, -law.alpha); }
+  function lawChart(L, P, V) {
+    const W = 520, H = 260, Lm = 58, Rm = 14, Tm = 22, B = 24;
+    const el = svgEl("svg", { class: "chart lawchart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    const law = (L || P).law, rungs = L ? L.rungs : P.rungs;
+    const tc = (P || (L && L.target) || {}).compute;
+    const pts = [];
+    rungs.forEach((r) => { pts.push([r.compute, r.loss]); (r.seed_losses || []).forEach((s) => pts.push([r.compute, s])); });
+    const band = P ? P.band : (L && L.target ? L.target.band : null), pred = P ? P.predicted : (L && L.target ? L.target.predicted : null);
+    if (tc && pred) pts.push([tc, pred]);
+    if (tc && band) band.forEach((b) => { if (b !== null) pts.push([tc, b]); });
+    if (V) pts.push([tc, V.landed]);
+    const lx = pts.map((p) => Math.log10(p[0])), ly = pts.map((p) => Math.log10(p[1]));
+    let x0 = Math.min.apply(null, lx), x1 = Math.max.apply(null, lx), y0 = Math.min.apply(null, ly), y1 = Math.max.apply(null, ly);
+    const px = (x1 - x0) * 0.05 || 0.5, py = (y1 - y0) * 0.08 || 0.01;
+    x0 -= px; x1 += px; y0 -= py; y1 += py;
+    const sx = (c) => Lm + ((Math.log10(c) - x0) / (x1 - x0)) * (W - Lm - Rm), sy = (l) => Tm + (1 - (Math.log10(l) - y0) / (y1 - y0)) * (H - Tm - B);
+    axes(el, x0, x1, y0, y1, [Lm, Tm, W - Lm - Rm, H - Tm - B], (u) => "1e" + u.toFixed(1), "");
+    el.querySelectorAll("text.tick").forEach((t) => { const v = +t.textContent; if (!isNaN(v) && t.getAttribute("text-anchor") === "end") t.textContent = fmt(Math.pow(10, v)); });
+    el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, "loss vs compute in FLOPs (log axes): rungs, the law, its band, the target ★"));
+    const line = [];
+    for (let k = 0; k <= 60; k++) { const lc = x0 + ((x1 - x0) * k) / 60; line.push([Math.pow(10, lc), lawAt(law, Math.pow(10, lc))]); }
+    el.appendChild(svgEl("polyline", { class: "fitline", points: line.filter((p) => p[1] > 0).map(([c, l]) => sx(c).toFixed(1) + "," + sy(l).toFixed(1)).join(" ") }));
+    rungs.forEach((r) => {
+      (r.seed_losses || []).forEach((s) => el.appendChild(svgEl("circle", { class: "seed", cx: sx(r.compute), cy: sy(s), r: 2.5 })));
+      const c = svgEl("circle", { class: "rung", cx: sx(r.compute), cy: sy(r.loss), r: 4 });
+      c.appendChild(svgEl("title", {}, r.name + ": " + fmt(r.loss) + " at " + r.compute.toExponential(2) + " FLOPs"));
+      el.appendChild(c);
+    });
+    if (tc && band && band[0] !== null && band[1] !== null)
+      el.appendChild(svgEl("line", { class: "bandbar", x1: sx(tc), x2: sx(tc), y1: sy(band[0]), y2: sy(band[1]) }));
+    if (tc && pred) {
+      const x = sx(tc), y = sy(pred), star = [];
+      for (let k = 0; k < 10; k++) { const a = -Math.PI / 2 + (k * Math.PI) / 5, rr = k % 2 ? 3.5 : 8; star.push((x + rr * Math.cos(a)).toFixed(1) + "," + (y + rr * Math.sin(a)).toFixed(1)); }
+      const s = svgEl("polygon", { class: "star", points: star.join(" ") });
+      s.appendChild(svgEl("title", {}, "predicted " + fmt(pred)));
+      el.appendChild(s);
+    }
+    if (V) el.appendChild(svgEl("circle", { class: "landed", cx: sx(tc), cy: sy(V.landed), r: 6 }));
+    return el;
+  }
+  function targetChart(P, V, targets) {
+    const W = 520, H = 260, Lm = 58, Rm = 14, Tm = 22, B = 24;
+    const el = svgEl("svg", { class: "chart targetchart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    const parts = targets.map((i) => R && R.metrics && R.metrics[String(i)] && R.metrics[String(i)].by_tokens).filter(Boolean);
+    const lists = parts.concat([P.curve]);
+    const band = P.band;
+    const extra = [[P.tokens, band[0] !== null ? band[0] : P.predicted], [P.tokens, band[1] !== null ? band[1] : P.predicted]];
+    const [x0, x1, y0, y1] = bounds(lists.concat([extra]));
+    const sx = (x) => Lm + ((x - x0) / (x1 - x0)) * (W - Lm - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
+    axes(el, x0, x1, y0, y1, [Lm, Tm, W - Lm - Rm, H - Tm - B], short, "tokens");
+    el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, "the target's loss (solid) against the predicted curve (dashed) and its band"));
+    el.appendChild(svgEl("polyline", { class: "predline", points: P.curve.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ") }));
+    parts.forEach((pts, n) => el.appendChild(svgEl("polyline", { class: "series", stroke: PALETTE[n % PALETTE.length],
+      points: pts.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ") })));
+    if (band[0] !== null && band[1] !== null) el.appendChild(svgEl("line", { class: "bandbar", x1: sx(P.tokens), x2: sx(P.tokens), y1: sy(band[0]), y2: sy(band[1]) }));
+    if (V) el.appendChild(svgEl("circle", { class: "landed", cx: sx(P.tokens), cy: sy(V.landed), r: 5 }));
+    return el;
+  }
+  function lawLines() {  // any training step held against a law: "+2.1% above the law at 3e15 FLOPs"
+    const out = [];
+    for (let i = 0; i < N; i++) {
+      const rec = (R && R.records && R.records[String(i)]) || steps[i].record;
+      const law = rec && rec.results && rec.results.law;
+      if (law && law.text) out.push(steps[i].name + ": " + law.text);
+    }
+    return out;
+  }
+  function drawLadder() {
+    const pane = $("ladder"), lad = R && R.ladder;
+    pane.hidden = !lad;
+    if (!lad) return;
+    pane.textContent = "";
+    const L = lad.fit, P = lad.prediction && lad.prediction.sealed, V = lad.verdict;
+    const title = h("h2", "", "scaling ladder");
+    const badge = h("span", "badge " + lad.badge, lad.badge);
+    badge.id = "ladder-badge";
+    title.appendChild(badge);
+    pane.appendChild(title);
+    if (V) pane.appendChild(h("div", "line verdict", V.line));
+    else if (P) pane.appendChild(h("div", "line sealed", "sealed: " + P.target + " predicted " + fmt(P.predicted) + " [" + fmt(P.band[0]) + ", " + fmt(P.band[1]) + "] at " + P.compute.toExponential(2) + " FLOPs, record " + lad.prediction.digest.slice(0, 12) + ", " + new Date(P.sealed_at * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC"));
+    else pane.appendChild(h("div", "line", "no prediction sealed yet: the fit needs its rungs"));
+    lawLines().forEach((t) => pane.appendChild(h("div", "line lawref", t)));
+    if (!L && !P) return;
+    const row = h("div", "ladderrow");
+    if (L) {
+      const rungs = table(["rung", "active", "tokens", "FLOPs", "loss", "seeds", "fit", "resid"],
+        L.rungs.map((r, k) => {
+          const p = L.report[L.report.fit_used].points[k] || {};
+          return [r.name, short(r.params), short(r.tokens), r.compute.toExponential(2), fmt(r.loss),
+            (r.seed_losses || []).length, p.fitted ? fmt(p.fitted) : null, pct(p.residual_pct)];
+        }));
+      rungs.id = "ladder-rungs";
+      row.appendChild(rungs);
+    }
+    row.appendChild(lawChart(L, P, V));
+    if (P) row.appendChild(targetChart(P, V, lad.targets || []));
+    pane.appendChild(row);
+    if (L) {
+      const law = L.law;
+      pane.appendChild(h("div", "line", "L(C) = " + fmt(law.E) + " + " + fmt(law.A) + " · C^-" + fmt(law.alpha) +
+        " (floor " + (L.floor === null ? "fitted" : "pinned") + ", eval " + L.metric + ")"));
+      const lfo = table(["fit on", "rung", "predicted", "band", "actual", "error", "in band", "power law", "two-point"],
+        (L.report.leave_future_out || []).map((r) => [r.fit_on, r.rung, r.predicted === null ? null : fmt(r.predicted),
+          r.band && r.band[0] !== null ? "[" + fmt(r.band[0]) + ", " + fmt(r.band[1]) + "]" : null, fmt(r.actual),
+          pct(r.error_pct), r.in_band === null ? null : (r.in_band ? "yes" : "no"), pct(r.power_law_error_pct), pct(r.two_point_error_pct)]));
+      lfo.id = "ladder-lfo";
+      pane.appendChild(h("div", "line", "leave-future-out: fit on the first k rungs, predict the rest"));
+      pane.appendChild(lfo);
+    }
   }
 
   // -- live updates over http(s) ------------------------------------------------------------------------

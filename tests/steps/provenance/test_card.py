@@ -98,3 +98,23 @@ def test_live_page_links_the_card(card):
     assert os.path.samefile(os.path.join(os.path.dirname(pages[0]), href), os.path.join(folder, "MODEL_CARD.md"))
     run = json.load(open(os.path.join(os.path.dirname(pages[0]), "voyage.json")))["run"]
     assert run["cards"] == {"card/laptop": href}
+
+
+def test_the_card_of_a_ladder_target_carries_its_verdict(card, tmp_path):
+    """A model that was a ladder's target (docs/ladder.md): its card states the sealed prediction
+    and how it landed, the check's own line. The verdict is a real check's (tests/kits/ladderkit.py)."""
+    from kits import ladderkit
+    from steps.provenance.card import CardConfig, build_card, render
+
+    lv = card[0]
+    lad = str(tmp_path / "ladder")
+    plan, summary = ladderkit.run_inline(ladderkit.all_steps(ladderkit.ladder()), lad)
+    assert summary.exit_code == 0
+    verdict = os.path.join(lad, Store(lad).served_dir(plan["ladder/check"].node.dirname))
+    url = lambda name: os.path.join(lv.prefix, Store(lv.prefix).served_dir(lv.plan.dag[name].dirname))  # noqa: E731
+    data = build_card(CardConfig(evaluation=url("eval/laptop"), training=(url("pretrain/laptop"), url("midtrain/laptop")),
+                                 mixture=url("mixture/laptop"), verdict=verdict))
+    line = json.load(open(os.path.join(verdict, "verdict.json")))["line"]
+    assert data["prediction"]["line"] == line and line.startswith("HIT: predicted ")
+    md = render(data)
+    assert "### Against its sealed prediction" in md and f"**{line}**" in md
