@@ -4,11 +4,25 @@ GPT-3's rule, as Dolma and OLMo apply it: a training document that shares one no
 with any text of an eval set the voyage reports is contaminated for that set, and is removed
 (`mode="remove"`) or kept with `metadata.contamination = [SETS]` (`mode="mark"`, to measure first).
 
-Normalisation (`words`): lower-cased, words are the runs of letters and digits (any script), so
-punctuation, markup and whitespace do not hide a match. An n-gram is n consecutive words, hashed
+Normalisation (`normalize`, then `words`), the same on the training and the eval side, in order:
+1. HTML tags go: `<name ...>`, `</name>`, `<name/>` (a `<` directly followed by a letter or `/`
+   and a letter, up to the next `>`) and comments `<!-- ... -->` each become a space, so
+   `<em>`, `<br/>` or `<a href=...>` inside a span do not hide it (`x < y`, with a space, is
+   not a tag);
+2. HTML entities are decoded (`html.unescape`: `&amp;`, `&nbsp;`, `&eacute;`, `&#233;`), so an
+   entity is the character it names;
+3. Unicode NFC (canonical composition: `e` + U+0301 is `é`, as most text writes it);
+4. lower-cased; with `fold_unicode` (a config option, off by default, part of identity)
+   instead case-folded, then NFKD with the combining marks dropped (`café` is `cafe`, `ß` is `ss`,
+   `ﬁ` is `fi`);
+5. words are the runs of letters and digits (any script; `_` is no letter); everything else (punctuation,
+   markdown's `*`, `#`, `_`, `[`, whitespace, what is left of the markup) only separates words.
+An n-gram is n consecutive words, hashed
 to 64 bits (each word by a mixed polynomial over its bytes, the window by a polynomial over the
 word hashes, uint64 arithmetic wrapping on purpose; `NgramHasher`): at 1e10 training n-grams against 1e8 eval n-grams a false match
 by collision is ~5e-2 expected in the whole corpus, against real matches in the thousands.
+Not normalised: spelling, word order, numbers written out, text inside `<script>`/`<style>`
+(kept as words), Markdown link targets (their URL's words stay words).
 
 An eval text shorter than n words has no n-gram: it is counted (`too_short` in the record),
 never silently matched by something shorter.
@@ -32,10 +46,12 @@ Passes and memory:
 from __future__ import annotations
 
 import collections
+import html
 import io
 import json
 import posixpath
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -56,6 +72,8 @@ _PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so invertible mod 
 _PRIME_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 _WORD = re.compile(r"[^\W_]+")
 _SEPARATORS = re.compile(r"[\W_]+")  # what is not a word: words() and the hasher agree
+# an HTML tag (a letter, or / and a letter, right after "<"; attributes up to the next ">") or comment
+_TAG = re.compile(r"<!--.*?-->|</?[A-Za-z][^<>]*>", re.S)
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,7 @@ class DecontamConfig:
     documents: InputPath  # a documents folder (dedup or ingest output) or a glob of shards
     evals: tuple[EvalSet, ...]
     ngram: int = 13
+    fold_unicode: bool = False  # NFKD, combining marks dropped, case-folded (`normalize`): accents do not hide a match
     mode: str = "remove"  # "remove", or "mark": keep them, listing the sets under metadata.contamination
     shards_per_task: int = run_only(default=1)
     root: str = run_only(default="")  # where relative eval paths are read from (default: the working directory)
@@ -104,9 +123,24 @@ class DecontamConfig:
 
 # -- n-grams ----------------------------------------------------------------------------------
 
-def words(text: str) -> list[str]:
-    """The normalised words of `text`: lower-cased runs of letters and digits."""
-    return _WORD.findall(text.lower())
+def normalize(text: str, fold_unicode: bool = False) -> str:
+    """`text` as matching sees it (the module's doc, steps 1-4): HTML tags and comments become
+    spaces, entities are decoded, NFC, lower-cased; with `fold_unicode`, case-folded, then NFKD
+    without combining marks."""
+    if "<" in text:
+        text = _TAG.sub(" ", text)
+    if "&" in text:
+        text = html.unescape(text)
+    if text.isascii():
+        return text.lower()
+    if fold_unicode:
+        return "".join(c for c in unicodedata.normalize("NFKD", text.casefold()) if not unicodedata.combining(c))
+    return unicodedata.normalize("NFC", text).lower()
+
+
+def words(text: str, fold_unicode: bool = False) -> list[str]:
+    """The normalised words of `text` (`normalize`, then the runs of letters and digits)."""
+    return _WORD.findall(normalize(text, fold_unicode))
 
 
 class NgramHasher:
@@ -116,8 +150,9 @@ class NgramHasher:
     prefix sum of `b_j * P^-j`: P is odd, so invertible mod 2^64), then mixed (splitmix64's
     finalizer) so that its low bits are as good as its high ones."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, fold_unicode: bool = False) -> None:
         self.n = n
+        self.fold_unicode = fold_unicode
         self._pow = np.ones(1, dtype=np.uint64)  # P^i
         self._inv = np.ones(1, dtype=np.uint64)  # P^-i
 
@@ -131,7 +166,7 @@ class NgramHasher:
 
     def word_hashes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(the hash of every normalised word of the batch, in order; the text each is in)."""
-        encoded = [_SEPARATORS.sub(" ", t.lower()).strip(" ").encode() for t in texts]
+        encoded = [_SEPARATORS.sub(" ", normalize(t, self.fold_unicode)).strip(" ").encode() for t in texts]
         buf = np.frombuffer(b" ".join(encoded), dtype=np.uint8)
         if not buf.size:
             return np.empty(0, np.uint64), np.empty(0, np.int64)
@@ -213,9 +248,10 @@ class EvalIndex:
         return cls([str(n) for n in z["names"]], z["hashes"], z["masks"])
 
 
-def build_index(sets: dict[str, Iterable[str]], n: int) -> tuple[EvalIndex, dict[str, dict[str, int]]]:
+def build_index(sets: dict[str, Iterable[str]], n: int,
+                fold_unicode: bool = False) -> tuple[EvalIndex, dict[str, dict[str, int]]]:
     """The index of eval sets given as {name: texts}, and per set: texts, n-grams, too_short."""
-    hasher = NgramHasher(n)
+    hasher = NgramHasher(n, fold_unicode)
     parts, masks, stats = [], [], {}
     for k, (name, texts) in enumerate(sets.items()):
         grams, count, short = [], 0, 0
@@ -308,16 +344,18 @@ class _Job:
     shards: tuple[tuple[int, str], ...]  # (index, URL)
     ngram: int
     mode: str
+    fold_unicode: bool = False
 
 
-@step_type(version="1", resumable=True)
+@step_type(version="2", resumable=True)  # 2: HTML tags and entities, NFC (`normalize`)
 def decontaminate(config: DecontamConfig, ctx: StepContext) -> None:
     """Remove (or mark) the training documents that share a normalised n-gram with an eval set;
     a documents folder like dedup's, `contaminated.jsonl`, and counts per source and set."""
     inputs = document_shards(config.documents)
     if not inputs:
         raise FileNotFoundError(f"decontaminate: no document shards in {config.documents!r}")
-    index, stats = build_index({e.name: eval_texts(e, config.root) for e in config.evals}, config.ngram)
+    index, stats = build_index({e.name: eval_texts(e, config.root) for e in config.evals}, config.ngram,
+                                config.fold_unicode)
     ctx.logger.info("decontaminate: %d eval n-grams from %s", index.hashes.size,
                     ", ".join(f"{k} ({v['texts']} texts)" for k, v in stats.items()))
     retry(write_bytes, ctx.path(EVALS), index.to_bytes(), what="write the eval index")
@@ -326,7 +364,7 @@ def decontaminate(config: DecontamConfig, ctx: StepContext) -> None:
     done = ledger.done() & set(range(len(inputs)))
     todo = [(i, url) for i, url in enumerate(inputs) if i not in done]
     per = max(1, config.shards_per_task)
-    jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.ngram, config.mode) for k in range(0, len(todo), per)]
+    jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.ngram, config.mode, config.fold_unicode) for k in range(0, len(todo), per)]
     # a task holds the eval arrays (twice while loading) and one document
     memory = config.task_memory_gb or ctx.resources.memory_gb
     outcomes = [o for got in ctx.map(_decontaminate_shards, jobs, resources=Resources(cpus=1, memory_gb=memory))
@@ -366,7 +404,7 @@ def decontaminate(config: DecontamConfig, ctx: StepContext) -> None:
 
 def _decontaminate_shards(job: _Job) -> list[ShardOutcome]:
     index = EvalIndex.from_bytes(retry(_read_bytes, join(job.output, EVALS), what="read the eval index"))
-    hasher = NgramHasher(job.ngram)
+    hasher = NgramHasher(job.ngram, job.fold_unicode)
     ledger = Ledger(job.output)
 
     def one(shard: tuple[int, str]) -> dict:

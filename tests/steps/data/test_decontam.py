@@ -141,3 +141,55 @@ def test_a_tasks_memory_does_not_grow_with_its_shard(tmp_path):
         assert outcome.ledger["documents"] == 1200 * scale and len(outcome.ledger["contaminated"]) == 15 * scale
     assert peaks[1] <= 1.25 * peaks[0], peaks
     assert np.load(out / "evals.npz")["hashes"].size == 13
+
+
+def _passages(rng, vocab, count, length):
+    return [" ".join(rng.choice(vocab, length)) for _ in range(count)]
+
+
+def test_markup_and_accents_do_not_hide_a_span_and_clean_text_is_kept(tmp_path):
+    """Planted spans: 40 eval passages, each copied (20 words of it) into a training document with
+    HTML inside the span (`<em>`, `<br/>`, an entity, a link) and into one where one letter of
+    the span is accented; 400 clean documents of the same words, shuffled, with the same
+    markup. Default: every HTML-wrapped span found, no accented one (one accent changes a word);
+    with `fold_unicode`: both; clean: none removed either way."""
+    rng = np.random.default_rng(7)
+    vocab = np.array([f"w{chr(97 + k % 26)}{chr(97 + k // 26 % 26)}e" for k in range(600)] + ["resume", "naive"])
+    evals = _passages(rng, vocab, 40, 30)
+    wrappers = [lambda w: f"<em>{w[0]}</em> " + " ".join(w[1:]),
+                lambda w: " ".join(w[:7]) + "<br/>" + " ".join(w[7:]),
+                lambda w: " ".join(w[:5]) + " &amp; " + " ".join(w[5:12]) + "&nbsp;" + " ".join(w[12:]),
+                lambda w: "<p class=\"x\">" + " ".join(w[:9]) + " <a href='https://e.org/a b'>" + w[9] + "</a> "
+                          + " ".join(w[10:]) + "</p>"]
+    docs, html_ids, accent_ids = [], [], []
+    for k, text in enumerate(evals):
+        w = text.split()[5:25]
+        docs.append({"id": f"h{k}", "text": "<div>intro text</div> " + wrappers[k % 4](w) + " <b>outro</b>"})
+        html_ids.append(f"h{k}")
+        w = list(w)
+        w[10] = w[10].replace("e", "é", 1).upper() if k % 2 else w[10].replace("e", "e\u0301", 1)
+        docs.append({"id": f"a{k}", "text": "Intro. " + " ".join(w) + " outro."})
+        accent_ids.append(f"a{k}")
+    for k in range(400):
+        w = list(rng.choice(vocab, 40))
+        docs.append({"id": f"c{k}", "text": "<p>" + " ".join(w[:20]) + "<br/>" + " &amp; ".join(w[20:25])
+                                                + " <em>" + " ".join(w[25:]) + "</em></p>"})
+    folder = tmp_path / "docs"
+    write_documents(str(folder / "documents/00000.jsonl.zst"), docs)
+    write_documents(str(tmp_path / "evals.jsonl"), [{"text": t} for t in evals])
+    found = {}
+    for fold in (False, True):
+        ctx = StepContext(name="decontam/src", output=str(tmp_path / f"out{fold}"), digest="0" * 64)
+        decontaminate(DecontamConfig(documents=str(folder), evals=(EvalSet("planted", documents="evals.jsonl"),),
+                                     root=str(tmp_path), fold_unicode=fold), ctx)
+        found[fold] = {c["id"] for c in read_contaminated(ctx.output)}
+    assert found[False] == set(html_ids)
+    assert found[True] == set(html_ids) | set(accent_ids)
+    # the option is identity: the two configs are two steps
+    from executor.identity import encode
+    base = DecontamConfig(documents="d", evals=(EvalSet("x", documents="e"),))
+    assert "fold_unicode" not in encode(base, str)[2]  # off: left out, as every field at its default
+    assert encode(DecontamConfig(documents="d", evals=base.evals, fold_unicode=True), str)[2]["fold_unicode"] == \
+        ["bool", True]
+    assert words("Ca<em>f</em>&eacute; na\u00efve", fold_unicode=True) == ["ca", "f", "e", "naive"]
+    assert words("a < b and c > d") == ["a", "b", "and", "c", "d"]  # a "<" before a space is no tag
