@@ -38,16 +38,19 @@ import numpy as np
 
 from executor import AtomicFile, InputPath, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.dedup_components import components, load
-from steps.data.dedup_pairs import EXACT, PairJob, pair_task
-from steps.data.dedup_runs import MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
+from steps.data.dedup_pairs import EXACT, PairJob, pair_task, pair_task_bytes
+from steps.data.dedup_runs import CHUNK, MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, write_json
+from steps.data.memory import GiB, WORKER_GB, checked
 from steps.data.minhash import MinHasher, band_keys
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest, union
 from steps.data.refs import ref
 
 SNIPPET = 300
-BASE_MEMORY = 0.25  # GiB a task's worker holds before it does anything (Python, numpy, fsspec)
+BASE_MEMORY = WORKER_GB  # GiB a task's worker holds before it does anything (Python, numpy, fsspec)
+PASS1_SCRATCH_GB = 0.1  # pass 1 beside its run: a batch's shingle hashing, the reader's and the writer's buffers
+MIN_RUN_DOCS = 1024  # the fewest documents of a pass-1 run, whatever the budget
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,9 @@ def dedup(config: DedupConfig, ctx: StepContext) -> None:
     runs = _runs_done(ctx)
     covered = {i for r in runs for i in r["shards"]}
     todo = [(i, u) for i, u in enumerate(shards) if i not in covered]
-    runs += ctx.map(_signatures, [_Job(ctx.output, tuple(todo[k:k + per]), config)
-                                  for k in range(0, len(todo), per)], resources=small)
+    runs += ctx.map(checked(_signatures, ctx.name, "pass 1", small.memory_gb),
+                    [_Job(ctx.output, tuple(todo[k:k + per]), config) for k in range(0, len(todo), per)],
+                    resources=small)
     runs.sort(key=lambda r: r["shards"][0])
 
     # pass 2: pairs per (section, key range)
@@ -161,7 +165,7 @@ def dedup(config: DedupConfig, ctx: StepContext) -> None:
             jobs.append(_Job(ctx.output, part, config, tuple(ref(ctx, u, ledger) for _, u in part),
                              tuple(where[i] for i, _ in part), tuple(firsts), ctx.path(f"work/drop/{g:05d}.npy"),
                              tuple(tuple(sorted(want.get(i, ()))) for i, _ in part)))
-    ctx.map(_write_kept, jobs, resources=small)
+    ctx.map(checked(_write_kept, ctx.name, "pass 4", small.memory_gb), jobs, resources=small)
     _finish(config, ctx, names, where, s3)
 
 
@@ -183,50 +187,105 @@ def _inputs(config: DedupConfig) -> tuple[list[str], list[tuple[str, int]], list
     return shards, where, firsts
 
 
+def _checked_map(ctx: StepContext, part: str):
+    """`ctx.map` whose tasks each check their memory against what they declare."""
+    def mapper(fn, items, resources=None):
+        return ctx.map(checked(fn, ctx.name, part, resources.memory_gb if resources else None), items, resources)
+    return mapper
+
+
 def _gb(nbytes: float) -> float:
     return round(BASE_MEMORY + nbytes / 2**30, 3)
 
 
 # -- pass 1: sorted runs per task -------------------------------------------------------------
 
+def pass1_bytes_per_doc(cfg: DedupConfig) -> int:
+    """What pass 1 holds a document of its run at its peak: the accumulated band keys, signature,
+    content hash and id (twice while they are joined), or once with one section being sorted (the
+    record, its sort order, the key column and the gathered signature)."""
+    width = cfg.bands * cfg.rows if cfg.fuzzy and cfg.verify_threshold is not None else 0
+    held = (cfg.bands * 8 if cfg.fuzzy else 0) + width * 4 + 16 + 8
+    section = record_dtype(max(2, width)).itemsize + 8 + 8 + width * 4 + 16
+    return max(2 * held, held + section)
+
+
+def run_docs(cfg: DedupConfig) -> int:
+    """Documents in one pass-1 run, so that the task stays within `task_memory_gb`: a shard (or a
+    task's shards) holding more becomes several runs, which pass 2 merges like any other."""
+    room = (cfg.task_memory_gb - BASE_MEMORY - PASS1_SCRATCH_GB) * GiB
+    return max(MIN_RUN_DOCS, int(room // pass1_bytes_per_doc(cfg)))
+
+
 def _signatures(job: _Job) -> dict:
-    """One run for the task's shards together (so pass 2 merges one run per pass-1 task, as many
-    as the operator chose, not one per shard), then its marker `work/s1/FIRST.json` naming them."""
+    """The task's shards as sorted runs of `run_docs` documents each (up to a batch more; pass 2 merges one
+    run per pass-1 task when its shards fit one, as many as the operator chose, not one per
+    shard), then its marker `work/s1/FIRST.json` naming them."""
     cfg = job.config
     hasher = MinHasher(num_perm=cfg.bands * cfg.rows, ngram=cfg.ngram, seed=cfg.seed)
-    hashes, keys, sigs, gids, counts = [], [], [], [], []
+    limit = run_docs(cfg)
+    name = f"{job.shards[0][0]:05d}"
+    acc: dict[str, list[np.ndarray]] = {"hashes": [], "keys": [], "sigs": [], "gids": []}
+    runs: list[list] = []
+    held = 0
+    counts = []
+
+    def flush() -> None:
+        nonlocal held
+        run = name if not runs else f"{name}-{len(runs):04d}"
+        _write_runs(join(job.output, f"work/runs/{run}"), cfg, acc, held)
+        runs.append([run, held])
+        for v in acc.values():
+            v.clear()
+        held = 0
+
     for index, url in job.shards:
         n = 0
         for texts in iter_text_batches(url, cfg.batch_docs):
             gid = (np.uint64(index) << np.uint64(32)) | np.arange(n, n + len(texts), dtype=np.uint64)
-            gids.append(gid)
-            hashes.append(np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16)
-                                                 .digest() for t in texts), dtype=np.uint64).reshape(-1, 2))
+            acc["gids"].append(gid)
+            acc["hashes"].append(np.frombuffer(b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"),
+                                                                        digest_size=16).digest() for t in texts),
+                                               dtype=np.uint64).reshape(-1, 2))
             if cfg.fuzzy:
                 sig, has = hasher.signatures(texts)
                 k = band_keys(sig, cfg.bands, cfg.rows)
                 k[~has] = ~gid[~has, None]  # no shingles: a key of its own, never shared
-                keys.append(k)
+                acc["keys"].append(k)
                 if cfg.verify_threshold is not None:
-                    sigs.append(sig)
+                    acc["sigs"].append(sig)
             n += len(texts)
+            held += len(texts)
+            if held >= limit:
+                flush()
         if n >= 2**32:
             raise VoyageError(f"dedup: {url} holds {n} documents; a shard holds at most 2^32")
         counts.append(n)
-    n = sum(counts)
-    gid = _cat(gids, (0,), np.uint64)
-    h = _cat(hashes, (0, 2), np.uint64)
-    name = f"{job.shards[0][0]:05d}"
-    base = join(job.output, f"work/runs/{name}")
-    if cfg.exact:
-        write_run(base + ".exact", [sort_section(h[:, 0].copy(), gid, h[:, 1].copy().view(np.uint32).reshape(-1, 2))])
-    if cfg.fuzzy:
-        k = _cat(keys, (0, cfg.bands), np.uint64)
-        sig = _cat(sigs, (0, cfg.bands * cfg.rows), np.uint32) if sigs else np.zeros((n, 0), np.uint32)
-        write_run(base + ".bands", [sort_section(k[:, b].copy(), gid, sig) for b in range(cfg.bands)])
-    marker = {"run": name, "shards": [i for i, _ in job.shards], "documents": counts}
+    if held or not runs:
+        flush()
+    marker = {"run": name, "shards": [i for i, _ in job.shards], "documents": counts, "runs": runs}
     write_json(join(job.output, f"work/s1/{name}.json"), marker)
     return marker
+
+
+def _write_runs(base: str, cfg: DedupConfig, acc: dict[str, list[np.ndarray]], n: int) -> None:
+    """One run's files (`.exact`, `.bands`) from the accumulated arrays (emptied as they are joined)."""
+    gid = _take(acc["gids"], (0,), np.uint64)
+    h = _take(acc["hashes"], (0, 2), np.uint64)
+    if cfg.exact:
+        write_run(base + ".exact", [sort_section(h[:, 0].copy(), gid, h[:, 1].copy().view(np.uint32).reshape(-1, 2))])
+    del h
+    if cfg.fuzzy:
+        k = _take(acc["keys"], (0, cfg.bands), np.uint64)
+        sig = _take(acc["sigs"], (0, cfg.bands * cfg.rows), np.uint32) if acc["sigs"] else np.zeros((n, 0), np.uint32)
+        write_run(base + ".bands", (sort_section(k[:, b].copy(), gid, sig) for b in range(cfg.bands)))
+
+
+def _take(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The parts joined, the list emptied (so the parts are freed as soon as the join is done)."""
+    out = _cat(parts, empty_shape, dtype)
+    parts.clear()
+    return out
 
 
 def _cat(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -247,14 +306,17 @@ def _runs_done(ctx: StepContext) -> list[dict]:
 def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list[dict]:
     """Run the pass-2 tasks not yet done; the counts of every (section, range), in order."""
     sections = ([EXACT] if config.exact else []) + (list(range(config.bands)) if config.fuzzy else [])
-    counts = [sum(r["documents"]) for r in runs_done]
-    names = [r["run"] for r in runs_done]
+    # every run of every pass-1 task (a marker without `runs` is one run, as pass 1 wrote before)
+    found = [(n, c) for r in runs_done for n, c in r.get("runs", [[r["run"], sum(r["documents"])]])]
+    names = [n for n, _ in found]
+    counts = [c for _, c in found]
     ranges = key_ranges(max(1, -(-sum(counts) // config.keys_per_task)))
     width = config.bands * config.rows if config.verify_threshold is not None else 0
     # The task's budget of records is shared by its readers: each reads its run's part of the
-    # range in pieces of budget / runs records (at least MIN_CHUNK), so the task holds about its
-    # budget whatever the number of runs.
-    chunk = max(MIN_CHUNK, config.keys_per_task // max(1, len(names)))
+    # range in pieces of at most CHUNK records and of budget / runs (at least MIN_CHUNK), so the
+    # task holds at most its budget whatever the number of runs, and no more than a few chunks
+    # when the runs are few (flat from a thousand documents to a million).
+    chunk = min(CHUNK, max(MIN_CHUNK, config.keys_per_task // max(1, len(names))))
     jobs, done = [], {}
     for s in sections:
         run = "exact" if s == EXACT else "bands"
@@ -266,13 +328,27 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
                 done[(s, r)] = read_json(job.name + ".json")
             else:
                 jobs.append(job)
-    # a task holds at most its range's records (chunks of each shard's run) and its pairs
-    rec = record_dtype(max(2, width)).itemsize
-    mem = Resources(cpus=1, memory_gb=_gb(config.keys_per_task * (rec + 160)))
-    for job, res in zip(jobs, ctx.map(pair_task, jobs, resources=mem)):
+    mem = Resources(cpus=1, memory_gb=pass2_gb(config, len(names)))
+    for job, res in zip(jobs, ctx.map(checked(pair_task, ctx.name, "pass 2", mem.memory_gb), jobs, resources=mem)):
         done[(job.section, job.index)] = res
-    return [dict(done[(s, r)], section=s, index=r, file=f"work/pairs/{len(ranges)}/{s}/{r:05d}.npy")
-            for s in sections for r in range(len(ranges))]
+    out = []
+    for s in sections:
+        for r in range(len(ranges)):
+            res = done[(s, r)]
+            stem = f"work/pairs/{len(ranges)}/{s}/{r:05d}"
+            parts = res.get("parts")  # before parts: one file of all the range's pairs
+            files = [[f"{stem}.{p:04d}.npy", n] for p, n in enumerate(parts)] if parts is not None else \
+                [[f"{stem}.npy", res["pairs"]]]
+            out.append(dict(res, section=s, index=r, files=files))
+    return out
+
+
+def pass2_gb(config: DedupConfig, runs: int) -> float:
+    """What a pass-2 task declares: a chunk of each of `runs` runs, a block of a bucket, a part
+    of pairs (`steps.data.dedup_pairs.pair_task_bytes`)."""
+    width = config.bands * config.rows if config.verify_threshold is not None else 0
+    chunk = min(CHUNK, max(MIN_CHUNK, config.keys_per_task // max(1, runs)))
+    return _gb(pair_task_bytes(runs, chunk, width))
 
 
 # -- pass 3: connected components -------------------------------------------------------------
@@ -280,12 +356,13 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
 def _components(config: DedupConfig, ctx: StepContext, shards: int, results: list[dict]) -> None:
     if ctx.exists("work/cc"):  # a crashed attempt's rounds: start them again
         ctx.fs.rm(ctx.fs_path("work/cc"), recursive=True)
-    files = [ctx.path(r["file"]) for r in results]
+    files = [(ctx.path(f), n) for r in results for f, n in r["files"]]
     total = sum(r["pairs"] for r in results)
     parts = max(1, -(-total // config.pairs_per_task))
     spg = max(1, -(-shards // parts))  # shards per drop file: as many files as partitions
     mem = Resources(cpus=1, memory_gb=_gb(config.pairs_per_task * 16 * 8))  # edges both ways, sorted, copies
-    cc = components(ctx.map, ctx.path("work/cc"), ctx.path("work/drop"), files, parts, shards, spg, mem)
+    cc = components(_checked_map(ctx, "pass 3"), ctx.path("work/cc"), ctx.path("work/drop"), files, parts, shards,
+                    spg, mem)
     exact_removed = sum(r["exact_removed"] for r in results if r["section"] == EXACT)
     fuzzy = [r for r in results if r["section"] != EXACT]
     examples = sorted({tuple(e) for r in fuzzy for e in r["examples"]}, key=lambda e: (e[0], e[1]))
@@ -300,7 +377,8 @@ def _components(config: DedupConfig, ctx: StepContext, shards: int, results: lis
               "cluster_sizes": {str(k): v for k, v in sorted(hist.items())},
               # summed over bands: a pair found in several bands counts once in each
               "fuzzy_candidate_pairs": sum(r["candidates"] for r in fuzzy),
-              "fuzzy_pairs_verified": sum(r["pairs"] for r in fuzzy),
+              "fuzzy_pairs_verified": sum(r.get("verified", r["pairs"]) for r in fuzzy),
+              "fuzzy_pairs_written": sum(r["pairs"] for r in fuzzy),
               "exact_pairs": sum(r["pairs"] for r in results if r["section"] == EXACT),
               "duplicate_edges": cc["edges"], "component_rounds": cc["rounds"],
               "pass2_tasks": len(results), "pass3_partitions": parts,

@@ -75,14 +75,29 @@ def digest(edges: np.ndarray) -> int:
 
 
 def _read_part(job: StarJob) -> np.ndarray:
+    """The partition's edges from every file sent to it, without repeats. The same edge comes
+    from every band that found it (29 sections of a boilerplate bucket's pairs), so repeats are
+    dropped as the files are read, whenever what is pending outgrows what is kept: the task holds
+    its distinct edges and about as many again, not every copy."""
     fs, path = url_fs(join(job.work, job.read, f"{job.part:04d}"))
     try:
         names = sorted(fs.ls(path, detail=False))
     except FileNotFoundError:
         names = []
-    parts = [np.load(io.BytesIO(fs.cat_file(n))) for n in names if n.endswith(".npy")]
-    parts = [p for p in parts if len(p)]
-    return np.concatenate(parts).astype(U64) if parts else np.zeros((0, 2), U64)
+    kept = np.zeros((0, 2), U64)
+    pending: list[np.ndarray] = []
+    held = 0
+    for n in names:
+        if not n.endswith(".npy"):
+            continue
+        part = np.load(io.BytesIO(fs.cat_file(n))).astype(U64)
+        if len(part):
+            pending.append(part)
+            held += len(part)
+        if held > max(len(kept), 1 << 16):
+            kept = np.unique(np.concatenate([kept] + pending), axis=0)
+            pending, held = [], 0
+    return np.concatenate([kept] + pending) if pending else kept
 
 
 def _write_parts(job: StarJob, edges: np.ndarray, key: np.ndarray) -> None:
@@ -219,15 +234,31 @@ def group_task(job: GroupJob) -> int:
     return int(len(pairs))
 
 
-def components(mapper: Callable, work: str, drop: str, pair_files: list[str], parts: int, shards: int,
+def _pack(pair_files: list[tuple[str, int]], parts: int) -> list[list[str]]:
+    """The pair files (URL, pairs) in order, cut into scatter tasks of at most the pairs of a
+    partition (or one file, if a file is larger), so that no scatter task holds more than its
+    share whatever the pairs of one file (an empty list: one task of no files)."""
+    total = sum(n for _, n in pair_files)
+    limit = max(1, -(-total // parts))
+    out: list[list[str]] = [[]]
+    held = 0
+    for url, n in pair_files:
+        if out[-1] and held + n > limit:
+            out.append([])
+            held = 0
+        out[-1].append(url)
+        held += n
+    return out
+
+
+def components(mapper: Callable, work: str, drop: str, pair_files: list[tuple[str, int]], parts: int, shards: int,
                shards_per_group: int, resources=None, max_rounds: int = 64) -> dict:
-    """Connected components of the pairs in `pair_files`, written as one drop file per group of
+    """Connected components of the pairs in `pair_files` ((URL, pairs) each), written as one drop file per group of
     `shards_per_group` shards (`{drop}/{group:05d}.npy`); returns {"groups", "hist", "removed",
     "rounds", "edges"}. `mapper` is `ctx.map`; `work` a scratch folder of the rounds."""
     parts = max(1, parts)
-    per = -(-len(pair_files) // parts) if pair_files else 1
-    scatter = [StarJob(work, "", "0l", p, parts, "scatter", tuple(pair_files[p * per:(p + 1) * per]))
-               for p in range(parts)]
+    scatter = [StarJob(work, "", "0l", p, parts, "scatter", tuple(files))
+               for p, files in enumerate(_pack(pair_files, parts))]
     edges = sum(r["edges"] for r in mapper(star_task, scatter, resources))
     before = None
     rounds = 0

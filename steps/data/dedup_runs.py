@@ -22,10 +22,11 @@ chunk per shard whatever the shard's size; dedup sizes the chunk as its budget o
 from __future__ import annotations
 
 import io
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
+from executor import AtomicFile
 from steps.data.formats import url_fs, write_bytes
 
 FENCE = 256  # records between two fence keys: a reader reads at most this many before its range
@@ -48,14 +49,15 @@ def sort_section(key: np.ndarray, gid: np.ndarray, pay: np.ndarray) -> np.ndarra
     return rec
 
 
-def write_run(url: str, sections: list[np.ndarray]) -> None:
-    """Write sorted sections (same length, same dtype) and their fence keys."""
-    buf = io.BytesIO()
+def write_run(url: str, sections: Iterable[np.ndarray]) -> None:
+    """Write sorted sections (same length, same dtype) and their fence keys, streamed: a section
+    is written as it comes, so the writer holds one section, never the run."""
     fences = []
-    for rec in sections:
-        buf.write(rec.tobytes())
-        fences.append(rec["key"][::FENCE])
-    write_bytes(url + ".bin", buf.getvalue())
+    with AtomicFile(url + ".bin") as f:
+        for rec in sections:
+            f.write(memoryview(np.ascontiguousarray(rec).view(np.uint8)))
+            fences.append(rec["key"][::FENCE].copy())
+            del rec  # before the next section is made
     fence = np.stack(fences) if fences else np.zeros((0, 0), np.uint64)
     out = io.BytesIO()
     np.save(out, fence.astype(np.uint64))
@@ -83,32 +85,41 @@ class RunReader:
         self.end = base + min(n, last * FENCE)
 
     def chunks(self) -> Iterator[np.ndarray]:
-        """The range's records, a chunk at a time (the first and last trimmed to [lo, hi))."""
-        size = self.dtype.itemsize
+        """The range's records, a chunk at a time (the first and last trimmed to [lo, hi)). A
+        chunk is let go before the next is read: a reader holds one chunk, never two."""
         at = self.start
         while at < self.end:
             stop = min(self.end, at + self.chunk)
-            data = self.fs.cat_file(self.path, start=at * size, end=stop * size)
-            self.bytes_read += len(data)
-            rec = np.frombuffer(data, dtype=self.dtype)
+            rec, last = self._read(at, stop)
             at = stop
-            keys = rec["key"]
-            if keys.size and keys[0] < np.uint64(self.lo):
-                rec = rec[int(np.searchsorted(keys, np.uint64(self.lo), side="left")):]
-                keys = rec["key"]
-            if self.hi is not None and self.hi < 2**64 and keys.size and keys[-1] >= np.uint64(self.hi):
-                rec = rec[:int(np.searchsorted(keys, np.uint64(self.hi), side="left"))]
-                if rec.size:
-                    yield rec
-                return
             if rec.size:
                 yield rec
+            del rec
+            if last:
+                return
+
+    def _read(self, at: int, stop: int) -> tuple[np.ndarray, bool]:
+        """Records [at, stop) trimmed to [lo, hi), and whether the range ends in them."""
+        size = self.dtype.itemsize
+        data = self.fs.cat_file(self.path, start=at * size, end=stop * size)
+        self.bytes_read += len(data)
+        rec = np.frombuffer(data, dtype=self.dtype)
+        keys = rec["key"]
+        if keys.size and keys[0] < np.uint64(self.lo):
+            rec = rec[int(np.searchsorted(keys, np.uint64(self.lo), side="left")):]
+            keys = rec["key"]
+        if self.hi is not None and self.hi < 2**64 and keys.size and keys[-1] >= np.uint64(self.hi):
+            return rec[:int(np.searchsorted(keys, np.uint64(self.hi), side="left"))], True
+        return rec, False
 
     def __iter__(self) -> Iterator[tuple[int, int, np.ndarray, int]]:
-        for rec in self.chunks():
-            pay = rec["pay"]
-            for row, (key, gid) in enumerate(zip(rec["key"].tolist(), rec["gid"].tolist())):
-                yield key, gid, pay, row
+        chunks = self.chunks()
+        for rec in chunks:
+            pay, keys, gids = rec["pay"], rec["key"].tolist(), rec["gid"].tolist()
+            del rec
+            for row in range(len(keys)):
+                yield keys[row], gids[row], pay, row
+            del pay, keys, gids  # before the next chunk is read
 
 
 def read_fence(url: str, section: int, n: int) -> np.ndarray:

@@ -149,8 +149,8 @@ def test_components_match_union_find_on_random_graphs(tmp_path):
         pairs = np.concatenate([pairs, np.stack([chain[:-1], chain[1:]], axis=1)])
         files = []
         for i, piece in enumerate(np.array_split(pairs, 4)):
-            files.append(str(tmp_path / f"{trial}/pairs/{i}.npy"))
-            save(files[-1], piece)
+            files.append((str(tmp_path / f"{trial}/pairs/{i}.npy"), len(piece)))
+            save(files[-1][0], piece)
         out = components(lambda fn, items, res: [fn(x) for x in items], str(tmp_path / f"{trial}/cc"),
                          str(tmp_path / f"{trial}/drop"), files, parts, shards=2**8, shards_per_group=2**6)
         got = np.concatenate([load(str(tmp_path / f"{trial}/drop/{g:05d}.npy")) for g in range(out["groups"])])
@@ -231,3 +231,88 @@ def test_resume_after_pass_3_crash_with_another_task_budget(many, monkeypatch):
     dedup(DedupConfig(documents=str(root / "in"), keys_per_task=100), ctx)
     assert signatures == []  # pass 1 was not done again
     assert _clusters(ctx) == old_dedup(urls, DedupConfig(documents="x"))
+
+
+def test_small_runs_blocks_and_pair_parts_give_the_same_clusters(many, monkeypatch):
+    """Pass 1 cut into runs of 16 documents (a task budget too small for a shard), pass 2 walking
+    buckets in blocks of 3 members and writing pairs in parts of 5: the clusters of one run a
+    task, one block a bucket, one file a range; every task within what it declares."""
+    import steps.data.dedup as dedup_mod
+    import steps.data.dedup_pairs as pairs_mod
+
+    root, urls = many
+    cfg = DedupConfig(documents=str(root / "in"))
+    want = old_dedup(urls, cfg)
+    monkeypatch.setattr(dedup_mod, "MIN_RUN_DOCS", 16)
+    monkeypatch.setattr(pairs_mod, "BLOCK", 3)
+    monkeypatch.setattr(pairs_mod, "PAIRS_PART", 5)
+    ctx = StepContext(name="t", output=str(root / "small-runs"), digest="0" * 64)
+    markers = []
+    real = dedup_mod._signatures
+    monkeypatch.setattr(dedup_mod, "_signatures", lambda job: (markers.append(real(job)), markers[-1])[1])
+    dedup(DedupConfig(documents=str(root / "in"), shards_per_task=5, task_memory_gb=0.34, batch_docs=8), ctx)
+    assert dedup_mod.run_docs(DedupConfig(documents="x", task_memory_gb=0.34)) == 16
+    [marker] = markers
+    sizes = [n for _, n in marker["runs"]]  # a run ends at the first batch that reaches 16 documents
+    assert sum(sizes) == sum(marker["documents"]) == 187 and max(sizes) <= 16 + 8 - 1 and len(sizes) >= 187 // 23
+    assert _clusters(ctx) == want
+    assert ctx.results["fuzzy_pairs_written"] < ctx.results["fuzzy_pairs_verified"]  # chain pairs joining nothing
+
+
+def _boilerplate_runs(root, copies, runs=4, width=112):
+    """One band's runs in which `copies` documents share one key and one signature (a cookie
+    banner), beside 2,000 documents with keys of their own."""
+    rng = np.random.default_rng(copies)
+    n = copies + 2000
+    keys = rng.integers(0, 2**64, n, dtype=np.uint64)
+    keys[rng.choice(n, copies, replace=False)] = np.uint64(12345)
+    pay = rng.integers(0, 2**32, (n, width), dtype=np.uint32)
+    pay[keys == np.uint64(12345)] = pay[0]
+    out = []
+    for i, part in enumerate(np.array_split(np.arange(n), runs)):
+        gid = (np.uint64(i) << np.uint64(32)) | np.arange(part.size, dtype=np.uint64)
+        url = str(root / f"runs/{i:05d}.bands")
+        write_run(url, [sort_section(keys[part], gid, pay[part])])
+        out.append((url, int(part.size)))
+    return tuple(out)
+
+
+def test_a_boilerplate_bucket_of_any_size_fits_a_pass2_task(tmp_path):
+    """A bucket of 30,000 copies costs a pass-2 task what one of 5,000 does (a block and more) (tracemalloc peak
+    within 25%; the whole bucket held at once, as before, is ~3 KB a copy: 90 MB), stays within
+    the task's declaration, and gives one pair a copy."""
+    from steps.data.dedup import pass2_gb
+    from steps.data.dedup_pairs import PairSink, find_pairs
+    from steps.data.memory import bounded
+
+    peaks = {}
+    for copies in (5_000, 30_000):
+        runs = _boilerplate_runs(tmp_path / str(copies), copies)
+        # chunks of 512 records: every run fills its chunk at both sizes (what the readers hold
+        # depends on the runs, not on the bucket)
+        job = PairJob(str(tmp_path / str(copies)), 0, 0, 0, None, runs, 112, 0.7, chunk=512)
+        declared = pass2_gb(DedupConfig(documents="x"), len(runs))
+        with bounded("dedup/t", "pass 2", declared):
+            tracemalloc.start()
+            sink = PairSink(job.name, part=5_000)
+            out = find_pairs(job, sink)
+            sink.flush()
+            peaks[copies] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert out["pairs"] == copies - 1 and out["verified"] == 2 * copies - 3  # star kept, chain joins nothing
+        assert sum(sink.sizes) == copies - 1 and max(sink.sizes) < 5_000 + 4096  # a part: what a block found past 5,000
+    print("pass-2 peak bytes by copies:", peaks)
+    assert peaks[30_000] <= 1.25 * peaks[5_000], peaks
+
+
+def test_a_task_over_its_declaration_fails_naming_step_pass_and_figures():
+    from steps.data.memory import OverBudget, bounded, checked
+
+    with bounded("dedup/web", "pass 2", 0.5) as m:
+        x = np.ones(2**27 // 8)  # 128 MiB
+        assert m.gb > 0.25 + 0.12
+        del x
+    with pytest.raises(OverBudget) as e:
+        checked(lambda n: np.ones(n).sum(), "dedup/web", "pass 1", 0.3)(2**27 // 8)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("dedup/web pass 1: a task peaked at 0.3") and "0.30 GiB" in text
