@@ -2,9 +2,15 @@
 GPT-3-style reference), and the count it removes on the laptop voyage's corpus.
 
     .venv/bin/python bench/data_decontam.py --scale 2 --repeats 3
+    .venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 100000 1000000 8000000
+
+With `--sizes`: the task's rate against the eval side's size (synthetic eval texts of 200 words
+drawn from the corpus's vocabulary, so the lookups miss as most do), its build's peak memory
+(RSS growth, `steps.data.memory`) per n-gram, and the plan's modelled rate at that size
+(`steps.data.plan.decontam_rate`) beside it, with their ratio.
 
 Contenders run interleaved in one process, each timed by process CPU time (best of N):
-- ours: the decontaminate step's task (`_decontaminate_shards`): read and decompress the shards,
+- ours: the decontaminate step's per-shard function (`_decontaminator`): read and decompress the shards,
   parse JSON, normalise, hash 256 documents' 13-grams at a time, one binary search a batch, write
   the kept documents and the ledger;
 - ours, no write: the same hashing and lookup over the same documents, nothing written;
@@ -28,12 +34,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", type=int, nargs="*", default=None)
     args = ap.parse_args()
+    if args.sizes:
+        return by_size(args)
 
     from data_common import CORPUS, ROOT, WORK, corpus_documents, ctx, shards
     from steps.data.decontam import BATCH, EVALS, DecontamConfig, EvalSet, NgramHasher, _chunks, \
-        _decontaminate_shards, _Job, build_index, decontaminate, eval_texts, words
+        _decontaminator, build_index, decontaminate, eval_texts, words
     from steps.data.formats import iter_documents
+    from steps.data.shard_io import Shard
 
     src = shards(args.scale)
     files = sorted(str(p) for p in src.glob("*.jsonl.zst"))
@@ -66,9 +76,10 @@ def main() -> None:
             out.mkdir(parents=True)
             (out / EVALS).write_bytes(index.to_bytes())
             t = time.process_time()
-            outcomes = _decontaminate_shards(_Job(str(out), tuple(enumerate(files)), 13, "remove"))
+            one = _decontaminator(str(out), 13, "remove")
+            entries = [one(Shard(i, f, f)) for i, f in enumerate(files)]
             best["ours"] = min(best["ours"], time.process_time() - t)
-            found["ours"] = sum(len(o.ledger["contaminated"]) for o in outcomes)
+            found["ours"] = sum(len(e["contaminated"]) for e in entries)
             t = time.process_time()
             hasher, alone = NgramHasher(13), 0
             for f in files:
@@ -108,6 +119,51 @@ def main() -> None:
                                      root=str(ROOT)), c)
         print(f"  {name}: {c.results['contaminated']} of {c.results['documents']:,} documents removed "
               f"({c.results['removed']})")
+
+
+def by_size(args) -> None:
+    """The task's rate and the build's memory at each eval-side size, beside the plan's model."""
+    import numpy as np
+
+    from data_common import WORK, shards
+    from steps.data.decontam import BUILD_BYTES_PER_NGRAM, EVALS, _decontaminator, build_index
+    from steps.data.formats import iter_documents
+    from steps.data.memory import Measure
+    from steps.data.plan import decontam_rate
+    from steps.data.shard_io import Shard
+
+    src = shards(args.scale)
+    files = sorted(str(p) for p in src.glob("*.jsonl.zst"))
+    nbytes = sum(len(d["text"].encode()) for f in files for d in iter_documents(f))
+    vocab = sorted({w for f in files for d in iter_documents(f) for w in d["text"].split()[:50]})
+    print(f"corpus x{args.scale}: {nbytes / 1e6:.1f} MB of text in {len(files)} shards; vocabulary {len(vocab):,}")
+    print("\n| eval n-grams | index | build | build peak / n-gram | ours, the task | plan's model | plan / measured |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for size in args.sizes:
+        rng = np.random.default_rng(size)
+        texts = (" ".join(rng.choice(vocab, 200)) for _ in range(-(-size // 188)))
+        m = Measure()
+        t = time.process_time()
+        index, stats = build_index({"suite": texts}, 13)
+        build_s, peak = time.process_time() - t, m.gb - 0.25
+        grams = int(index.hashes.size)
+        out = WORK / "decontam-sizes"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        (out / EVALS).write_bytes(index.to_bytes())
+        del index
+        best = float("inf")
+        for _ in range(args.repeats):
+            t = time.process_time()
+            one = _decontaminator(str(out), 13, "remove")
+            for i, f in enumerate(files):
+                one(Shard(i, f, f))
+            best = min(best, time.process_time() - t)
+        rate = nbytes / best
+        model, how = decontam_rate(grams)
+        print(f"| {grams:,} | {grams * 16 / 1e6:.0f} MB | {build_s:.1f} s | {peak * 2**30 / grams:.0f} B "
+              f"(declared {BUILD_BYTES_PER_NGRAM}) | {rate / 1e6:.2f} MB/s | {model / 1e6:.2f} MB/s ({how}) | "
+              f"**{model / rate:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ Passes and memory:
 from __future__ import annotations
 
 import collections
+import functools
 import html
 import io
 import json
@@ -59,15 +60,22 @@ import numpy as np
 
 from executor import InputPath, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, expand, iter_documents, \
-    join, read_json, url_fs, write_bytes, write_json
+    join, read_json, url_fs, write_bytes
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
-from steps.data.shard_io import Ledger, ShardOutcome, ledgers, retry, run_shards, settle
+from steps.data.memory import GiB, checked
+from steps.data.plan import decontam_task_gb, ingest_task_gb
+from steps.data.shard_io import Shard, commit_manifest, map_shards, retry
 
 MODES = ("remove", "mark")
 CONTAMINATED = "contaminated.jsonl"
 EVALS = "evals.npz"
 MAX_SETS = 64  # one bit each in a uint64 mask
 BATCH = 256  # documents hashed and looked up together (numpy over the batch; memory: the batch)
+# what building the index holds an eval n-gram (repeats included) at its peak: the set's hashes
+# and their sort, then every set's unique hashes with their masks, joined, ordered and reduced
+# (measured: bench/data_decontam.py --sizes, docs/benchmarks.md)
+BUILD_BYTES_PER_NGRAM = 96
+LM_EVAL_GB = 1.0  # lm-eval's task index and a task's datasets, when an eval set is an lm-eval task
 _PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so invertible mod 2^64
 _PRIME_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 _WORD = re.compile(r"[^\W_]+")
@@ -339,12 +347,41 @@ def _rooted(url: str, root: str) -> str:
 # -- the step ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Job:
+class _IndexJob:
     output: str
-    shards: tuple[tuple[int, str], ...]  # (index, URL)
+    evals: tuple[EvalSet, ...]
+    root: str
     ngram: int
-    mode: str
-    fold_unicode: bool = False
+    fold_unicode: bool
+
+
+def _count_ngrams(job: _IndexJob) -> int:
+    """The eval side's n-grams, repeats included (what building the index holds at most): a
+    stream over the eval texts, nothing kept."""
+    hasher = NgramHasher(job.ngram, job.fold_unicode)
+    total = 0
+    for spec in job.evals:
+        for chunk in _chunks(eval_texts(spec, job.root), BATCH):
+            total += hasher.batch(chunk)[0].size
+    return total
+
+
+def _build_index(job: _IndexJob) -> dict:
+    """Build the eval index and write it (`evals.npz`); its n-grams and per-set stats."""
+    index, stats = build_index({e.name: eval_texts(e, job.root) for e in job.evals}, job.ngram, job.fold_unicode)
+    retry(write_bytes, join(job.output, EVALS), index.to_bytes(), what="write the eval index")
+    return {"ngrams": int(index.hashes.size), "stats": stats}
+
+
+def _reader_gb(evals: tuple[EvalSet, ...]) -> float:
+    """What reading the eval side holds: a batch of texts, and lm-eval's task index and
+    datasets when a set is an lm-eval task."""
+    return ingest_task_gb() + (LM_EVAL_GB if any(e.task for e in evals) else 0.0)
+
+
+def build_gb(ngrams: int, evals: tuple[EvalSet, ...] = ()) -> float:
+    """What the index build declares for an eval side of `ngrams` n-grams (repeats included)."""
+    return round(_reader_gb(evals) + ngrams * BUILD_BYTES_PER_NGRAM / GiB, 3)
 
 
 @step_type(version="2", resumable=True)  # 2: HTML tags and entities, NFC (`normalize`)
@@ -354,26 +391,28 @@ def decontaminate(config: DecontamConfig, ctx: StepContext) -> None:
     inputs = document_shards(config.documents)
     if not inputs:
         raise FileNotFoundError(f"decontaminate: no document shards in {config.documents!r}")
-    index, stats = build_index({e.name: eval_texts(e, config.root) for e in config.evals}, config.ngram,
-                                config.fold_unicode)
-    ctx.logger.info("decontaminate: %d eval n-grams from %s", index.hashes.size,
+    # The eval index is built in tasks, not here: one streams the eval side and counts its
+    # n-grams (no memory to speak of), so that the one that builds it declares what it holds.
+    job = _IndexJob(ctx.output, config.evals, config.root, config.ngram, config.fold_unicode)
+    small = Resources(cpus=1, memory_gb=_reader_gb(config.evals))
+    [count] = ctx.map(checked(_count_ngrams, ctx.name, "eval count", small.memory_gb), [job], resources=small)
+    build = Resources(cpus=1, memory_gb=build_gb(count, config.evals))
+    [built] = ctx.map(checked(_build_index, ctx.name, "eval index", build.memory_gb), [job], resources=build)
+    stats = built["stats"]
+    ctx.logger.info("decontaminate: %d eval n-grams from %s", built["ngrams"],
                     ", ".join(f"{k} ({v['texts']} texts)" for k, v in stats.items()))
-    retry(write_bytes, ctx.path(EVALS), index.to_bytes(), what="write the eval index")
 
-    ledger = Ledger(ctx.output)
-    done = ledger.done() & set(range(len(inputs)))
-    todo = [(i, url) for i, url in enumerate(inputs) if i not in done]
-    per = max(1, config.shards_per_task)
-    jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.ngram, config.mode, config.fold_unicode) for k in range(0, len(todo), per)]
-    # a task holds the eval arrays (twice while loading) and one document
-    memory = config.task_memory_gb or ctx.resources.memory_gb
-    outcomes = [o for got in ctx.map(_decontaminate_shards, jobs, resources=Resources(cpus=1, memory_gb=memory))
-                for o in got]
-    quarantined = settle("decontaminate", outcomes, len(inputs), config.max_quarantine_share)
-    finished = ledgers(ledger, outcomes, done)
+    # a task holds the eval arrays (twice while loading) and one batch of documents
+    memory = config.task_memory_gb or ctx.resources.memory_gb or decontam_task_gb(built["ngrams"])
+    finished, quarantined = map_shards(
+        ctx, "decontaminate", functools.partial(_decontaminator, ctx.output, config.ngram, config.mode,
+                                                config.fold_unicode),
+        [Shard(i, url, url) for i, url in enumerate(inputs)], config.shards_per_task,
+        Resources(cpus=1, memory_gb=memory), config.max_quarantine_share)
 
     licenses = folder_licenses(config.documents)
     source = "+".join(sorted(licenses)) or "documents"  # the source step(s) these documents come from
+    names = [e.name for e in config.evals]
     by_set: collections.Counter = collections.Counter()
     lines, shards, kept, seen = [], [], 0, 0
     for i in sorted(finished):
@@ -387,48 +426,41 @@ def decontaminate(config: DecontamConfig, ctx: StepContext) -> None:
                                     ensure_ascii=False))
     retry(write_bytes, ctx.path(CONTAMINATED), "".join(line + "\n" for line in lines).encode(),
           what=f"write {CONTAMINATED}")
-    removed = {source: {name: int(by_set[name]) for name in index.names}}
+    removed = {source: {name: int(by_set[name]) for name in names}}
     note_sources(ctx, licenses)
     manifest = {"format": DOCS_FORMAT, "documents": kept, "shards": shards, LICENSES_KEY: to_manifest(licenses),
                 "decontamination": {"mode": config.mode, "ngram": config.ngram, "contaminated": len(lines),
                                     "by_source": removed, "evals": stats}}
-    if quarantined:
-        manifest["quarantined"] = quarantined
-    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
-    ctx.results.update(documents=seen, kept=kept, contaminated=len(lines), mode=config.mode, ngram=config.ngram,
-                       removed=removed if config.mode == "remove" else {}, marked=removed if config.mode == "mark" else {},
-                       evals=stats)
-    if quarantined:
-        ctx.results["quarantined"] = quarantined
+    commit_manifest(ctx, manifest, quarantined, documents=seen, kept=kept, contaminated=len(lines), mode=config.mode,
+                    ngram=config.ngram, removed=removed if config.mode == "remove" else {},
+                    marked=removed if config.mode == "mark" else {}, evals=stats)
 
 
-def _decontaminate_shards(job: _Job) -> list[ShardOutcome]:
-    index = EvalIndex.from_bytes(retry(_read_bytes, join(job.output, EVALS), what="read the eval index"))
-    hasher = NgramHasher(job.ngram, job.fold_unicode)
-    ledger = Ledger(job.output)
+def _decontaminator(output: str, ngram: int, mode: str, fold_unicode: bool = False):
+    """The per-shard function of a decontaminate task (the eval index loaded once a task): the
+    shard's kept (or marked) documents, in order, and its ledger."""
+    index = EvalIndex.from_bytes(retry(_read_bytes, join(output, EVALS), what="read the eval index"))
+    hasher = NgramHasher(ngram, fold_unicode)
 
-    def one(shard: tuple[int, str]) -> dict:
-        i, url = shard
+    def one(shard: Shard) -> dict:
         contaminated, count, kept = [], 0, 0
-        with DocumentWriter(join(job.output, f"documents/{i:05d}.jsonl.zst")) as writer:
-            for docs in _chunks(iter_documents(url), BATCH):
+        with DocumentWriter(join(output, f"documents/{shard.index:05d}.jsonl.zst")) as writer:
+            for docs in _chunks(iter_documents(shard.url), BATCH):
                 grams, owner = hasher.batch([d["text"] for d in docs])
                 masks = index.masks_of(grams, owner, len(docs))
                 for k, doc in enumerate(docs):
                     if masks[k]:
                         sets = index.names_of(masks[k])
                         contaminated.append([count + k, doc.get("id"), sets])
-                        if job.mode == "remove":
+                        if mode == "remove":
                             continue
                         doc = dict(doc, metadata=dict(doc.get("metadata") or {}, contamination=sets))
                     writer.write(doc)
                     kept += 1
                 count += len(docs)
-        entry = {"documents": count, "kept": kept, "contaminated": contaminated}
-        ledger.write(i, entry)
-        return entry
+        return {"documents": count, "kept": kept, "contaminated": contaminated}
 
-    return run_shards(one, job.shards, index_of=lambda s: s[0], name_of=lambda s: s[1])
+    return one
 
 
 def _read_bytes(url: str) -> bytes:

@@ -50,6 +50,7 @@ from steps.data.refs import ref
 SNIPPET = 300
 BASE_MEMORY = WORKER_GB  # GiB a task's worker holds before it does anything (Python, numpy, fsspec)
 PASS1_SCRATCH_GB = 0.1  # pass 1 beside its run: a batch's shingle hashing, the reader's and the writer's buffers
+TASK_SCRATCH_GB = 0.05  # a pass-2 or pass-3 task beside what its budget holds
 MIN_RUN_DOCS = 1024  # the fewest documents of a pass-1 run, whatever the budget
 
 
@@ -195,7 +196,9 @@ def _checked_map(ctx: StepContext, part: str):
 
 
 def _gb(nbytes: float) -> float:
-    return round(BASE_MEMORY + nbytes / 2**30, 3)
+    """A task's declaration: the worker, a task's fixed scratch (numpy temporaries, a file read,
+    its result), and what its budget lets it hold."""
+    return round(BASE_MEMORY + TASK_SCRATCH_GB + nbytes / 2**30, 3)
 
 
 # -- pass 1: sorted runs per task -------------------------------------------------------------

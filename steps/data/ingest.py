@@ -29,15 +29,17 @@ re-addresses this output and everything built from it.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from executor import License, Resources, StepContext, VoyageError, run_only, step_type
-from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, expand, join, open_lines, url_fs, write_json
+from steps.data.formats import DOCS_FORMAT, DocumentWriter, expand, join, open_lines, url_fs
 from steps.data.provenance import LICENSES_KEY, source_licenses, to_manifest
-from steps.data.shard_io import Ledger, ShardOutcome, is_transient, ledgers, retry, run_shards, settle
+from steps.data.plan import ingest_task_gb
+from steps.data.shard_io import Shard, commit_manifest, is_transient, map_shards
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file
 EXAMPLE_SNIPPET = 200  # characters of the example reject named when the step fails
@@ -77,15 +79,6 @@ class IngestConfig:
                 raise VoyageError(f"ingest: {name} must be between 0 and 1, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True)
-class _Job:
-    """One task: input files by index (small, picklable)."""
-
-    output: str
-    files: tuple[tuple[int, str, str], ...]  # (index, URL, name as the config gives it)
-    config: IngestConfig
-
-
 @step_type(version="2", resumable=True)
 def ingest(config: IngestConfig, ctx: StepContext) -> None:
     """Normalize raw JSONL/Parquet documents into JSONL shards, counting and keeping rejects."""
@@ -93,15 +86,10 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     if not files:
         raise FileNotFoundError(f"ingest: no input files match {config.input!r}")
     names = [_as_given(url, config.root) for url in files]
-    ledger = Ledger(ctx.output)
-    done = ledger.done() & set(range(len(files)))
-    todo = [(i, url, names[i]) for i, url in enumerate(files) if i not in done]
-    ctx.logger.info("ingest: %d input files, %d to do", len(files), len(todo))
-    step = max(1, config.files_per_task)
-    jobs = [_Job(ctx.output, tuple(todo[k:k + step]), config) for k in range(0, len(todo), step)]
-    outcomes = [o for got in ctx.map(_ingest_files, jobs, resources=_task_resources(ctx)) for o in got]
-    quarantined = settle("ingest", outcomes, len(files), config.max_quarantine_share)
-    finished = ledgers(ledger, outcomes, done)
+    finished, quarantined = map_shards(
+        ctx, "ingest", functools.partial(_ingester, ctx.output, config),
+        [Shard(i, url, names[i]) for i, url in enumerate(files)], config.files_per_task,
+        _task_resources(ctx), config.max_quarantine_share)
 
     shards, rejects, documents, example = [], collections.Counter(), 0, None
     for i in sorted(finished):
@@ -114,19 +102,20 @@ def ingest(config: IngestConfig, ctx: StepContext) -> None:
     licenses = source_licenses(ctx, config.license)
     manifest = {"format": DOCS_FORMAT, "documents": documents, "shards": shards,
                 "rejects": dict(sorted(rejects.items())), "sources": names, LICENSES_KEY: to_manifest(licenses)}
-    if quarantined:  # only then: a clean run writes the same bytes as before quarantine existed
-        manifest["quarantined"] = quarantined
-    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
-    ctx.results.update(documents=documents, input_files=len(files), shards=len(shards),
-                       rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
-    if quarantined:
-        ctx.results["quarantined"] = quarantined
+    commit_manifest(ctx, manifest, quarantined, documents=documents, input_files=len(files), shards=len(shards),
+                    rejects=dict(sorted(rejects.items())), rejected=sum(rejects.values()))
 
 
 def _task_resources(ctx: StepContext) -> Resources:
-    """A task asks for the step's own CPUs and memory (the data plan sizes them): without a
-    memory request Ray packs tasks by CPU alone and the kernel's OOM killer decides."""
-    return Resources(cpus=ctx.resources.cpus, memory_gb=ctx.resources.memory_gb)
+    """A task asks for the step's own CPUs and memory (the data plan sizes them), or, when the
+    voyage gives no memory, the plan's figure for an ingest task: without a memory request Ray
+    packs tasks by CPU alone and the kernel's OOM killer decides."""
+    return Resources(cpus=ctx.resources.cpus, memory_gb=ctx.resources.memory_gb or ingest_task_gb())
+
+
+def _ingester(output: str, config: IngestConfig):
+    """The per-shard function of an ingest task: one input file into its shards and rejects."""
+    return lambda shard: _ingest_one(output, shard.index, shard.url, config, shard.name)
 
 
 def check_rejects(documents: int, rejects: collections.Counter, example: dict[str, Any] | None,
@@ -149,11 +138,6 @@ def check_rejects(documents: int, rejects: collections.Counter, example: dict[st
         if example.get("fields") is not None and example["reason"] == "no_text":
             text += f" (fields {', '.join(example['fields'])}; text_field is {config.text_field!r})"
     raise TooManyRejects(text)
-
-
-def _ingest_files(job: _Job) -> list[ShardOutcome]:
-    return run_shards(lambda f: _ingest_one(job.output, f[0], f[1], job.config, f[2]), job.files,
-                      index_of=lambda f: f[0], name_of=lambda f: f[2])
 
 
 def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: str | None = None) -> dict:
@@ -198,10 +182,8 @@ def _ingest_one(output: str, index: int, url: str, config: IngestConfig, name: s
         writer.close()
         shards.append({"path": _rel(writer.url, output), "documents": writer.count})
     reject_writer.close()
-    entry = {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
-             "rejects": dict(rejects), "example": example}
-    Ledger(output).write(index, entry)
-    return entry
+    return {"source": name, "shards": shards, "documents": sum(s["documents"] for s in shards),
+            "rejects": dict(rejects), "example": example}
 
 
 def _rooted(spec: str | tuple[str, ...], root: str) -> str | tuple[str, ...]:

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from executor import Resources, VoyageError
+from steps.data.memory import WORKER_GB
 
 GiB = 2**30
 TOKENS_PER_DOC = 1_000  # docs/DATA.md: ~1k tokens a document at the voyage's size
 BYTES_PER_TOKEN = 4.4  # docs/DATA.md: text bytes a Llama 3 token
 DOCS_PER_SHARD = 100_000  # ingest's max_docs_per_shard
-WORKER_GB = 0.25  # a Ray worker's Python, numpy and fsspec before a task allocates anything
 DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
 DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.data.dedup_runs.record_dtype)
 DEDUP_PER_RECORD = 160  # Python and heap overhead a merged record (dedup.py's own declaration)
@@ -65,11 +65,36 @@ BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
 RATES = {
     "ingest": Rate(41.7e6, "bytes of text/s", BENCH.replace("--repeats 1", "--repeats 3")),
     "dedup": Rate(2_443 * 656, "tokens/s (2,443 documents of 656 tokens)", BENCH.replace("--repeats 1", "--repeats 3")),
-    "decontaminate": Rate(8.4e6, "bytes of text/s (a 1M-n-gram eval side)",
+    "decontaminate": Rate(8.4e6, "bytes of text/s at a 1M-n-gram eval side; by the eval side's size: decontam_rate",
                           ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 3"),
     "tokenize": Rate(0.71e6, "tokens/s a thread", BENCH.replace("--repeats 1", "--repeats 3")),
 }
 ZSTD_RATIO = Rate(2.97, "text bytes / zstd shard bytes", BENCH)
+# The decontaminate task's rate falls as the eval index outgrows the caches (a lookup is a binary
+# search over it). Measured at three eval-side sizes (eval n-grams, bytes of text/s a core):
+DECONTAM_BENCH = ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 100000 1000000 8000000"
+DECONTAM_RATES = ((106_000, 7.87e6), (1_000_000, 8.4e6), (7_400_000, 2.33e6))
+
+
+def decontam_rate(eval_ngrams: float) -> tuple[float, str]:
+    """(bytes of text/s a core, how it is known) at an eval side of `eval_ngrams` n-grams: the
+    time a byte is taken as piecewise linear in log2(eval n-grams) through `DECONTAM_RATES`
+    ("measured" at a point, "interpolated" between two, flat below the smallest), and past the
+    largest "extrapolated" along the last segment's slope (each doubling of the index past the
+    caches costs a lookup about one more miss)."""
+    pts = [(math.log2(n), 1.0 / r) for n, r in DECONTAM_RATES]
+    x = math.log2(max(eval_ngrams, 1.0))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if abs(x - x0) < 1e-9:
+            return 1.0 / y0, "measured"
+        if x0 < x < x1:
+            return 1.0 / (y0 + (y1 - y0) * (x - x0) / (x1 - x0)), "interpolated"
+    if abs(x - pts[-1][0]) < 1e-9:
+        return 1.0 / pts[-1][1], "measured"
+    if x < pts[0][0]:
+        return 1.0 / pts[0][1], "extrapolated: flat below the smallest measured"
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return 1.0 / (y1 + (y1 - y0) * (x - x1) / (x1 - x0)), "extrapolated"
 
 
 @dataclass(frozen=True)
@@ -160,10 +185,26 @@ def _zst(tokens: float) -> float:
     return tokens * BYTES_PER_TOKEN / ZSTD_RATIO.value
 
 
+def ingest_task_gb() -> float:
+    """An ingest task: it streams, a 1 MB read chunk, a 1 MB writer buffer and its copy, a
+    Parquet batch of 1,024 rows, one record."""
+    return WORKER_GB + 0.25
+
+
+def tokenize_task_gb(batch_docs: int = 1024, tokens_per_doc: float = TOKENS_PER_DOC) -> float:
+    """A tokenize task: two batches as text and ids, and the tokenizer (a 128k BPE: ~0.5 GB in Rust)."""
+    return WORKER_GB + 0.5 + 2 * batch_docs * tokens_per_doc * (BYTES_PER_TOKEN + 12) / GiB
+
+
+def decontam_task_gb(eval_ngrams: float) -> float:
+    """A decontaminate task: the eval index (16 bytes an n-gram, twice while it loads) beside one
+    batch of documents."""
+    return WORKER_GB + 0.25 + 2 * eval_ngrams * EVAL_NGRAM_BYTES / GiB
+
+
 def _ingest(name: str, tokens: float) -> StepPlan:
     text = tokens * BYTES_PER_TOKEN
-    # a task streams: a 1 MB read chunk, a 1 MB writer buffer and its copy, one record
-    return StepPlan(f"raw/{name}", _shards(tokens), 1, WORKER_GB + 0.25, text / RATES["ingest"].value / 3600,
+    return StepPlan(f"raw/{name}", _shards(tokens), 1, ingest_task_gb(), text / RATES["ingest"].value / 3600,
                     _zst(tokens), _zst(tokens), rate="ingest")
 
 
@@ -191,16 +232,16 @@ def _dedup(group: str, tokens: float) -> StepPlan:
 
 
 def _decontam(name: str, tokens: float, eval_ngrams: float) -> StepPlan:
-    gb = WORKER_GB + 0.25 + 2 * eval_ngrams * EVAL_NGRAM_BYTES / GiB
-    return StepPlan(f"decontam/{name}", _shards(tokens), 1, gb, tokens * BYTES_PER_TOKEN / RATES["decontaminate"].value / 3600,
-                    _zst(tokens) + eval_ngrams * 8, _zst(tokens), detail=f"eval index {eval_ngrams:.3g} n-grams",
+    gb = decontam_task_gb(eval_ngrams)
+    rate, how = decontam_rate(eval_ngrams)
+    return StepPlan(f"decontam/{name}", _shards(tokens), 1, gb, tokens * BYTES_PER_TOKEN / rate / 3600,
+                    _zst(tokens) + eval_ngrams * 8, _zst(tokens),
+                    detail=f"eval index {eval_ngrams:.3g} n-grams: {rate / 1e6:.2f} MB/s a core, {how}",
                     rate="decontaminate")
 
 
 def _tokenize(name: str, tokens: float, threads: int) -> StepPlan:
-    # two batches of 1,024 documents as text and ids, and the tokenizer (a 128k BPE: ~0.5 GB in Rust)
-    gb = WORKER_GB + 0.5 + 2 * 1024 * TOKENS_PER_DOC * (BYTES_PER_TOKEN + 12) / GiB
-    return StepPlan(f"tokenized/{name}", _shards(tokens), threads, gb, tokens / RATES["tokenize"].value / 3600,
+    return StepPlan(f"tokenized/{name}", _shards(tokens), threads, tokenize_task_gb(), tokens / RATES["tokenize"].value / 3600,
                     _zst(tokens), tokens * 4 + _shards(tokens) * DOCS_PER_SHARD * 8, rate="tokenize")
 
 

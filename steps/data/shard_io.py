@@ -20,6 +20,13 @@ marker one at a time is over an hour of a step doing nothing, so:
   quarantined shard has no ledger, so the next attempt tries it again.
 
 Ingest does the same with records (`max_reject_share`); this is the same idea one level up.
+
+A per-shard step is two calls around its own per-shard function (docs/writing-steps.md has an
+example): `map_shards` (resume from the ledger listing, one Ray task per `per_task` shards, each
+measured against the memory it declares (`steps.data.memory`), the per-shard function's ledger
+written after its files, retries, quarantine, and every finished shard's ledger back), then
+`commit_manifest` (the manifest, written last, with the quarantined shards named, and the
+record's results).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from steps.data.formats import join, url_fs, write_json
+from executor import Resources, StepContext
+from steps.data.formats import MANIFEST, join, url_fs, write_json
+from steps.data.memory import bounded
 
 T = TypeVar("T")
 
@@ -195,3 +204,67 @@ def ledgers(ledger: Ledger, outcomes: Iterable[ShardOutcome], done: Iterable[int
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+# -- a per-shard step -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a per-shard step: its index (its ledger's name), where it is read from, and
+    how the step's record names it (quarantine, failures)."""
+
+    index: int
+    url: str
+    name: str
+    meta: Any = None  # anything else the per-shard function needs of this shard (picklable)
+
+
+@dataclass(frozen=True)
+class _ShardTask:
+    step: str
+    output: str
+    shards: tuple[Shard, ...]
+    make: Callable[[], Callable[[Shard], Any]]  # picklable: a module-level function or a partial of one
+    memory_gb: float | None
+
+
+def _shard_task(task: _ShardTask) -> list[ShardOutcome]:
+    with bounded(task.step, "shard task", task.memory_gb):
+        work = task.make()  # once a task: what its shards share (a tokenizer, an eval index)
+        ledger = Ledger(task.output)
+
+        def one(shard: Shard) -> Any:
+            entry = work(shard)
+            ledger.write(shard.index, entry)  # after the shard's files: the shard is done
+            return entry
+
+        return run_shards(one, task.shards, index_of=lambda s: s.index, name_of=lambda s: s.name)
+
+
+def map_shards(ctx: StepContext, kind: str, make: Callable[[], Callable[[Shard], Any]], shards: Sequence[Shard],
+               per_task: int, resources: Resources, max_quarantine_share: float) -> tuple[dict[int, Any], list[dict]]:
+    """Run a per-shard function over the shards not finished yet: `make()`, once a task, returns
+    the function, which writes one shard's files and returns its ledger (JSON). Returns every
+    finished shard's ledger by index (earlier attempts' ones too) and the quarantined shards as
+    the record lists them; ShardsFailed (naming `kind`) past `max_quarantine_share`."""
+    ledger = Ledger(ctx.output)
+    done = ledger.done() & {s.index for s in shards}
+    todo = [s for s in shards if s.index not in done]
+    ctx.logger.info("%s: %d shards, %d to do", kind, len(shards), len(todo))
+    per = max(1, per_task)
+    tasks = [_ShardTask(ctx.name, ctx.output, tuple(todo[k:k + per]), make, resources.memory_gb)
+             for k in range(0, len(todo), per)]
+    outcomes = [o for got in ctx.map(_shard_task, tasks, resources=resources) for o in got]
+    quarantined = settle(kind, outcomes, len(shards), max_quarantine_share)
+    return ledgers(ledger, outcomes, done), quarantined
+
+
+def commit_manifest(ctx: StepContext, manifest: dict[str, Any], quarantined: list[dict], **results: Any) -> None:
+    """Write the step's manifest, last (with `quarantined` only when shards were left out, so a
+    clean run writes the bytes it always did), and its results into the record."""
+    if quarantined:
+        manifest["quarantined"] = quarantined
+    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
+    ctx.results.update(results)
+    if quarantined:
+        ctx.results["quarantined"] = quarantined

@@ -22,6 +22,7 @@ prefix, and a copied prefix reads its own copy.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import queue
@@ -32,11 +33,11 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from executor import InputPath, Resources, StepContext, VoyageError, run_only, step_type
-from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, \
-    token_dtype, write_json
+from steps.data.formats import TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, token_dtype
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.refs import ref
-from steps.data.shard_io import Ledger, ShardOutcome, ledgers, retry, run_shards, settle
+from steps.data.plan import tokenize_task_gb
+from steps.data.shard_io import Shard, commit_manifest, map_shards
 from steps.data.tokenizer import load_tokenizer, special_id
 
 
@@ -60,17 +61,6 @@ class TokenizeConfig:
             raise VoyageError(f"tokenize: max_quarantine_share must be between 0 and 1, got {self.max_quarantine_share}")
 
 
-@dataclass(frozen=True)
-class _Job:
-    output: str
-    shards: tuple[tuple[int, str, str], ...]  # (index, URL, how the ledger names it)
-    tokenizer: str
-    bos: str | None
-    eos: str | None
-    batch_docs: int
-    threads: int
-
-
 @step_type(version="2", resumable=True)
 def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     """Tokenize documents into uint16/uint32 token shards with int64 document offsets."""
@@ -81,19 +71,15 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
     bos_id, eos_id = special_id(tok, config.bos, "bos"), special_id(tok, config.eos, "eos")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     threads = config.threads or max(1, int(ctx.resources.cpus))
-    ledger = Ledger(ctx.output)
-    done = ledger.done() & set(range(len(inputs)))
-    todo = [(i, url, ref(ctx, url, ctx.path("ledger"))) for i, url in enumerate(inputs) if i not in done]
-    ctx.logger.info("tokenize: %d shards, %d to do, %d encoder threads per task", len(inputs), len(todo), threads)
-    per = max(1, config.shards_per_task)
-    jobs = [_Job(ctx.output, tuple(todo[k:k + per]), config.tokenizer, config.bos, config.eos, config.batch_docs,
-                 threads) for k in range(0, len(todo), per)]
-    # each task asks for what the step asks for: its CPUs (the encoder's threads) and its memory
-    outcomes = [o for got in ctx.map(_tokenize_shards, jobs,
-                                     resources=Resources(cpus=threads, memory_gb=ctx.resources.memory_gb))
-                for o in got]
-    quarantined = settle("tokenize", outcomes, len(inputs), config.max_quarantine_share)
-    finished = ledgers(ledger, outcomes, done)
+    ctx.logger.info("tokenize: %d encoder threads per task", threads)
+    # each task asks for what the step asks for: its CPUs (the encoder's threads) and its memory,
+    # or when the voyage gives none, the data plan's figure for a tokenize task
+    resources = Resources(cpus=threads, memory_gb=ctx.resources.memory_gb or tokenize_task_gb(config.batch_docs))
+    finished, quarantined = map_shards(
+        ctx, "tokenize", functools.partial(_tokenizer, ctx.output, config, threads),
+        [Shard(i, url, url, meta=ref(ctx, url, ctx.path("ledger"))) for i, url in enumerate(inputs)],
+        config.shards_per_task, resources,
+        config.max_quarantine_share)
 
     shards = []
     for i, url in enumerate(inputs):
@@ -109,12 +95,8 @@ def tokenize(config: TokenizeConfig, ctx: StepContext) -> None:
         "tokenizer": ref(ctx, config.tokenizer),
         "bos": config.bos, "eos": config.eos, "bos_id": bos_id, "eos_id": eos_id,
         "tokens": tokens, "documents": documents, "shards": shards}
-    if quarantined:  # only then, so that a clean run writes the same bytes as before quarantine existed
-        manifest["quarantined"] = [dict(q, shard=ref(ctx, inputs[q["index"]])) for q in quarantined]
-    retry(write_json, ctx.path(MANIFEST), manifest, what="write the manifest")
-    ctx.results.update(tokens=tokens, documents=documents, shards=len(shards), dtype=token_dtype(vocab).name)
-    if quarantined:
-        ctx.results["quarantined"] = manifest["quarantined"]
+    commit_manifest(ctx, manifest, [dict(q, shard=ref(ctx, inputs[q["index"]])) for q in quarantined],
+                    tokens=tokens, documents=documents, shards=len(shards), dtype=token_dtype(vocab).name)
 
 
 def set_threads(threads: int) -> None:
@@ -123,24 +105,21 @@ def set_threads(threads: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
-def _tokenize_shards(job: _Job) -> list[ShardOutcome]:
-    set_threads(job.threads)
-    tok = load_tokenizer(job.tokenizer)
-    bos, eos = special_id(tok, job.bos, "bos"), special_id(tok, job.eos, "eos")
+def _tokenizer(output: str, config: TokenizeConfig, threads: int):
+    """The per-shard function of a tokenize task (the tokenizer loaded once a task)."""
+    set_threads(threads)
+    tok = load_tokenizer(config.tokenizer)
+    bos, eos = special_id(tok, config.bos, "bos"), special_id(tok, config.eos, "eos")
     dtype = token_dtype(tok.get_vocab_size(with_added_tokens=True))
-    ledger = Ledger(job.output)
 
-    def one(shard: tuple[int, str, str]) -> dict:
-        index, url, source = shard
-        name = f"{index:05d}"
-        with TokenShardWriter(join(job.output, "shards"), name, dtype) as writer:
-            for flat, lengths in encode_batches(tok, prefetch(iter_text_batches(url, job.batch_docs)), bos, eos, dtype):
+    def one(shard: Shard) -> dict:
+        with TokenShardWriter(join(output, "shards"), f"{shard.index:05d}", dtype) as writer:
+            for flat, lengths in encode_batches(tok, prefetch(iter_text_batches(shard.url, config.batch_docs)), bos,
+                                                eos, dtype):
                 writer.write(flat, lengths)
-        entry = {"source": source, "tokens": writer.tokens, "documents": writer.documents}
-        ledger.write(index, entry)
-        return entry
+        return {"source": shard.meta, "tokens": writer.tokens, "documents": writer.documents}
 
-    return run_shards(one, job.shards, index_of=lambda s: s[0], name_of=lambda s: s[1])
+    return one
 
 
 def encode_batches(tok, batches: Iterable[list[str]], bos: int | None, eos: int | None,

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from executor import StepContext, VoyageError
-from steps.data.decontam import DecontamConfig, EvalSet, NgramHasher, _decontaminate_shards, _Job, build_index, \
-    decontaminate, read_contaminated, task_texts, words
+from steps.data.decontam import DecontamConfig, EvalSet, NgramHasher, _decontaminator, build_index, decontaminate, \
+    read_contaminated, task_texts, words
+from steps.data.shard_io import Shard
 from steps.data.formats import iter_documents, read_json, write_documents, write_json
 
 PSALM = ("The LORD is my shepherd; I shall not want. He maketh me to lie down in green pastures: he leadeth me "
@@ -135,10 +136,10 @@ def test_a_tasks_memory_does_not_grow_with_its_shard(tmp_path):
         shard = str(tmp_path / f"in{scale}.jsonl")
         write_documents(shard, (dict(d, id=f"{k}-{d['id']}") for k in range(scale) for d in base))
         tracemalloc.start()
-        [outcome] = _decontaminate_shards(_Job(str(out), ((scale, shard),), 13, "remove"))
+        ledger = _decontaminator(str(out), 13, "remove")(Shard(scale, shard, shard))
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-        assert outcome.ledger["documents"] == 1200 * scale and len(outcome.ledger["contaminated"]) == 15 * scale
+        assert ledger["documents"] == 1200 * scale and len(ledger["contaminated"]) == 15 * scale
     assert peaks[1] <= 1.25 * peaks[0], peaks
     assert np.load(out / "evals.npz")["hashes"].size == 13
 

@@ -205,3 +205,54 @@ def test_what_is_transient_and_that_backoff_is_bounded():
     with pytest.raises(ValueError):  # a permanent error is raised at once
         retry(lambda: (tries.append(1), int("x")), backoff=Backoff(attempts=3), sleep=lambda s: None)
     assert len(tries) == 1
+
+
+def _docs_example(tmp_path):
+    """The per-shard step of docs/writing-steps.md, exactly as written there, as a module."""
+    import importlib.util
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parents[3] / "docs/writing-steps.md").read_text()
+    section = doc[doc.index("## A per-shard data step"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    path = tmp_path / "min_words_example.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("min_words_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_per_shard_step_resumes_quarantines_and_writes_its_manifest(tmp_path):
+    """A new data step as docs/writing-steps.md writes it: a per-shard function and a manifest;
+    map_shards resumes it (no shard done twice), quarantines a shard that keeps failing, and
+    commit_manifest names it."""
+    from steps.data.formats import iter_documents, write_documents
+
+    example = _docs_example(tmp_path)
+    folder = tmp_path / "docs"
+    for k in range(4):
+        write_documents(str(folder / f"documents/{k:05d}.jsonl.zst"),
+                        [{"id": f"{k}-{i}", "text": " ".join(["w"] * (i * 20))} for i in range(5)])
+    (folder / "documents/00002.jsonl.zst").write_bytes(b"not zstd")  # keeps failing
+    ctx = StepContext(name="filtered", output=str(tmp_path / "out"), digest="0" * 64)
+    config = example.MinWordsConfig(documents=str(folder / "documents/*.jsonl.zst"), min_words=50,
+                                    max_quarantine_share=0.25)
+    example.min_words(config, ctx)
+    manifest = read_json(ctx.path("manifest.json"))
+    assert [s["documents"] for s in manifest["shards"]] == [2, 2, 2] and manifest["documents"] == 6
+    assert [q["index"] for q in manifest["quarantined"]] == [2] and ctx.results["quarantined"]
+    assert [d["id"] for d in iter_documents(ctx.path("documents/00003.jsonl.zst"))] == ["3-3", "3-4"]
+    # resumed: the bad shard mended, only it is done again
+    write_documents(str(folder / "documents/00002.jsonl.zst"), [{"id": "2-0", "text": " ".join(["w"] * 60)}])
+    seen = []
+    ctx = StepContext(name="filtered", output=str(tmp_path / "out"), digest="0" * 64,
+                      mapper=lambda fn, items, res=None: [seen.extend(s.index for s in t.shards) or fn(t) for t in items])
+    example.min_words(config, ctx)
+    assert seen == [2] and read_json(ctx.path("manifest.json"))["documents"] == 7
+    assert "quarantined" not in read_json(ctx.path("manifest.json")) and "quarantined" not in ctx.results
+    with pytest.raises(ShardsFailed, match="min_words: 1 of 4 shards failed"):
+        (folder / "documents/00001.jsonl.zst").write_bytes(b"broken")
+        example.min_words(config.__class__(documents=config.documents, min_words=10), StepContext(
+            name="filtered", output=str(tmp_path / "out2"), digest="1" * 64))
