@@ -18,6 +18,11 @@ A dataset's n-th draw overall (counting across stages) is sequence n mod N_d of 
 n // N_d, where N_d = tokens // seq_len and each epoch visits the sequences in the order of a
 seeded Feistel permutation. Everything is a closed form of the global index: O(1) random access,
 the same order on any number of workers (worker w of W takes w, w+W, ...), resumable anywhere.
+
+`consumption(manifest, first, end)` counts, for global sequences `[first, end)`, the sequences and
+tokens drawn from each dataset, source and licence, by the sampler's closed forms (per-block
+integer quotas), not the declared weights, so the counts are exact: the pretrain step's figures
+are what its optimizer steps read, and the model card's are the same.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from executor import InputPath, StepContext, VoyageError, step_type
+from executor import InputPath, License, StepContext, VoyageError, step_type
+from executor.licenses import NOASSERTION, from_json_map
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json, write_json
+from steps.data.provenance import LICENSES_KEY, manifest_licenses, note_sources, to_manifest
 from steps.data.refs import ref, resolve
 
 MIXTURE_FORMAT = "marin-mixture/1"
@@ -103,8 +110,6 @@ def check_mixture(config: MixtureConfig) -> None:
 def mixture(config: MixtureConfig, ctx: StepContext) -> None:
     """Write `mixture.json`: sizes, stage boundaries, draws and epochs per dataset, and each
     dataset's licences; the record's provenance gets the exact tokens per source and licence."""
-    from steps.data.provenance import LICENSES_KEY, consumption, manifest_licenses, note_sources, to_manifest
-
     sizes = {}
     for name, url in sorted(config.datasets.items()):
         manifest = read_json(join(url, MANIFEST))
@@ -376,3 +381,51 @@ def feistel_inverse(x: int, n: int, key: tuple[int, ...], rounds: int = 4) -> in
         y = (left << half) | right
         if y < n:
             return y
+
+
+# -- tokens consumed --------------------------------------------------------------------------
+
+def _source_key(sources: Mapping[str, License], dataset: str) -> tuple[str, str]:
+    """(source key, licence key) a dataset's draws are counted under: its one source and licence;
+    several joined (`a + b`, `X AND Y`, SPDX's word for both at once); unknown if none."""
+    if not sources:
+        return f"unknown:{dataset}", NOASSERTION.id
+    names = sorted(sources)
+    ids = sorted({sources[n].id for n in names})
+    return " + ".join(names), " AND ".join(ids)
+
+
+def consumption(manifest: Mapping[str, Any], first: int, end: int) -> dict[str, Any]:
+    """Sequences and tokens of global sequences [first, end) of a mixture, per dataset, per source
+    and per licence (tokens = sequences x seq_len: the windows read)."""
+    sampler = MixtureSampler(dict(manifest), datasets={})
+    first, end = max(0, int(first)), min(int(end), len(sampler))
+    counts = sampler.draws_until(end) - sampler.draws_until(first) if end > first else \
+        np.zeros(len(sampler.names), dtype=np.int64)
+    return tally(manifest, {n: int(c) for n, c in zip(sampler.names, counts)}, first, end)
+
+
+def tally(manifest: Mapping[str, Any], sequences: Mapping[str, int], first: int, end: int) -> dict[str, Any]:
+    """The per-dataset, per-source and per-licence record of `sequences` drawn per dataset."""
+    seq_len = int(manifest["seq_len"])
+    by_dataset: dict[str, Any] = {}
+    by_source: dict[str, Any] = {}
+    by_license: dict[str, Any] = {}
+    for name in sorted(sequences):
+        n = int(sequences[name])
+        info = manifest["datasets"].get(name, {})
+        sources = from_json_map(info.get(LICENSES_KEY))
+        source, lic = _source_key(sources, name)
+        by_dataset[name] = {"sequences": n, "tokens": n * seq_len, "sources": sorted(sources)}
+        if not n:
+            continue
+        s = by_source.setdefault(source, {"sequences": 0, "tokens": 0, "license": lic})
+        s["sequences"] += n
+        s["tokens"] += n * seq_len
+        lc = by_license.setdefault(lic, {"sequences": 0, "tokens": 0})
+        lc["sequences"] += n
+        lc["tokens"] += n * seq_len
+    total = sum(int(v) for v in sequences.values())
+    return {"seq_len": seq_len, "sequences": [first, end], "total": {"sequences": total, "tokens": total * seq_len},
+            "by_dataset": by_dataset, "by_source": dict(sorted(by_source.items())),
+            "by_license": dict(sorted(by_license.items()))}

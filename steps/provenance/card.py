@@ -39,7 +39,7 @@ from executor import InputPath, StepContext, VoyageError, step_type
 from executor import logical_url as logical
 from executor import served_url as served
 from steps.data.formats import join, read_json, write_bytes
-from steps.data.mixture import MixtureSampler, load_mixture
+from steps.data.mixture import consumption, load_mixture
 from steps.moe.config import MoEConfig, param_counts
 from steps.provenance.which_saw import checkpoints_in
 
@@ -168,7 +168,8 @@ def stage_tokens(record: dict[str, Any], meta: dict[str, Any], mixture: dict[str
     (its phase's first step to its newest checkpoint), per dataset and per licence."""
     batch, phase, done = int(meta["batch_size"]), str(meta.get("phase", record.get("step_type"))), int(meta["step"])
     first = 0 if phase == "pretrain" else int(meta.get("switch_step", 0))
-    by_dataset = consumption(mixture, first * batch, done * batch)
+    by_dataset = {n: {"sequences": v["sequences"], "tokens": v["tokens"]}
+                  for n, v in consumption(mixture, first * batch, done * batch)["by_dataset"].items() if v["sequences"]}
     recorded = (record.get("provenance") or {}).get("tokens") or {}
     if recorded.get("by_dataset"):  # the training record's own count (issue 14, item 1) wins
         by_dataset = {n: {"sequences": int(v["sequences"]), "tokens": int(v["tokens"])}
@@ -176,22 +177,6 @@ def stage_tokens(record: dict[str, Any], meta: dict[str, Any], mixture: dict[str
     return {"step": record.get("name", ""), "phase": phase, "optimizer_steps": [first, done],
             "sequences": [first * batch, done * batch], "by_dataset": by_dataset,
             "by_license": _by_license(by_dataset, licenses)}
-
-
-def consumption(mixture: dict[str, Any], first: int, end: int) -> dict[str, dict[str, int]]:
-    """dataset -> sequences and tokens (sequences x seq_len) of global sequences [first, end), by
-    the sampler's closed-form draw counts."""
-    sampler = MixtureSampler(mixture)
-    a, b = _draws_upto(sampler, first), _draws_upto(sampler, end)
-    return {n: {"sequences": int(b[i] - a[i]), "tokens": int(b[i] - a[i]) * sampler.seq_len}
-            for i, n in enumerate(sampler.names) if b[i] - a[i]}
-
-
-def _draws_upto(sampler: MixtureSampler, g: int) -> Any:
-    if g >= len(sampler):
-        return sampler.draws_before(len(sampler.stages), 0)
-    k = sampler.stage_of(g)
-    return sampler.draws_before(k, g - int(sampler.stages[k]["start"]))
 
 
 def _by_license(by_dataset: dict[str, dict[str, int]], licenses: dict[str, list[str]]) -> dict[str, dict[str, int]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from executor import StepContext, VoyageError, step_type
-from steps.data.provenance import consumption
+from steps.data.mixture import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
 from steps.train.tracking import write_reference

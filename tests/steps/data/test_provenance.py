@@ -25,7 +25,7 @@ from steps.data.dedup import DedupConfig, dedup  # noqa: E402
 from steps.data.formats import read_json  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, load_mixture, mixture  # noqa: E402
-from steps.data.provenance import consumption  # noqa: E402
+from steps.data.mixture import consumption  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
 from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer  # noqa: E402
 
@@ -203,7 +203,7 @@ def test_datasets_made_before_licences_were_kept_count_as_unknown():
     """A mixture over token datasets whose manifests have no `licenses` (made before): counted,
     under an unknown source and NOASSERTION, never dropped."""
     manifest = {"seq_len": 4, "datasets": {"old": {}, "new": {"licenses": {"raw/n": {"id": "MIT"}}}}}
-    from steps.data.provenance import tally
+    from steps.data.mixture import tally
 
     got = tally(manifest, {"old": 3, "new": 5}, 0, 8)
     assert got["by_source"] == {"raw/n": {"sequences": 5, "tokens": 20, "license": "MIT"},
