@@ -11,13 +11,16 @@ each measured by a bench script (its command beside it), and from the formats' o
 
 - documents: tokens / TOKENS_PER_DOC; text: tokens x BYTES_PER_TOKEN; a zstd shard holds
   text / ZSTD_RATIO bytes; shards: documents / DOCS_PER_SHARD (ingest's `max_docs_per_shard`);
-- dedup (issue 19's design, steps/data/dedup.py): pass 1 a task a shard writing one sorted run
-  a section (28 bands + exact) of records (key, id, the 112-word signature carried for
-  verification: 464 bytes); pass 2 one task per (section, key range) of `keys_per_task` records;
-  pass 3 hash partitions of `pairs_per_task` duplicate edges (both ways) for each round; pass 4 a
-  task a shard. Its core-hours are the whole step's measured rate; its memory the largest pass's;
+- dedup (steps/data/dedup.py, its own memory formulas): pass 1 a task a shard writing one sorted
+  run a section (28 bands + exact) of records (key, id, the 112-word signature carried for
+  verification: 464 bytes), holding `pass1_bytes_per_doc` a document; pass 2 one task per
+  (section, key range) of `keys_per_task` records, holding a chunk of each run (`pass2_gb`);
+  pass 3 hash partitions of `pairs_per_task` pair entries (a duplicate's pair found in each of the
+  29 sections), a scatter, two maps a round, an emit and a group sort each; pass 4 a task a shard.
+  Its core-hours are the whole step's measured rate; its memory the largest pass's;
 - decontaminate: the eval index (16 bytes an eval n-gram, held twice while it loads) beside one
-  batch of documents;
+  batch of documents; the rate by the eval side's size (`decontam_rate`: measured at three sizes,
+  interpolated between, extrapolated past the largest, and the plan says which);
 - tokenize: uint32 tokens (a 128k vocabulary), `cpus` encoder threads a task.
 
 Wall time: a step's core-hours over the cores it can use at once: on each node as many tasks as
@@ -39,7 +42,6 @@ BYTES_PER_TOKEN = 4.4  # docs/DATA.md: text bytes a Llama 3 token
 DOCS_PER_SHARD = 100_000  # ingest's max_docs_per_shard
 DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
 DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.data.dedup_runs.record_dtype)
-DEDUP_PER_RECORD = 160  # Python and heap overhead a merged record (dedup.py's own declaration)
 KEYS_PER_TASK = 1 << 20  # DedupConfig.keys_per_task
 PAIRS_PER_TASK = 1 << 22  # DedupConfig.pairs_per_task
 DUPLICATE_SHARE = 0.01  # near-duplicate documents (issue 19: "~0.5 TB of raw pairs at 1%")
@@ -50,11 +52,12 @@ WORDS_PER_TOKEN = 0.75
 
 @dataclass(frozen=True)
 class Rate:
-    """A per-core throughput and the command that measured it."""
+    """A per-core throughput, the command that measured it, and how (the plan prints it)."""
 
     value: float
     unit: str
     command: str
+    basis: str = "measured in one process (not under Ray)"
 
 
 BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
@@ -65,8 +68,9 @@ BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
 RATES = {
     "ingest": Rate(41.7e6, "bytes of text/s", BENCH.replace("--repeats 1", "--repeats 3")),
     "dedup": Rate(2_443 * 656, "tokens/s (2,443 documents of 656 tokens)", BENCH.replace("--repeats 1", "--repeats 3")),
-    "decontaminate": Rate(8.4e6, "bytes of text/s at a 1M-n-gram eval side; by the eval side's size: decontam_rate",
-                          ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 3"),
+    "decontaminate": Rate(8.4e6, "bytes of text/s at a 1M-n-gram eval side",
+                          ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 3",
+                          "by the eval side's size: decontam_rate, per step below"),
     "tokenize": Rate(0.71e6, "tokens/s a thread", BENCH.replace("--repeats 1", "--repeats 3")),
 }
 ZSTD_RATIO = Rate(2.97, "text bytes / zstd shard bytes", BENCH)
@@ -209,25 +213,35 @@ def _ingest(name: str, tokens: float) -> StepPlan:
 
 
 def _dedup(group: str, tokens: float) -> StepPlan:
+    from steps.data.dedup import PASS1_SCRATCH_GB, DedupConfig, pass1_bytes_per_doc, pass2_gb
+
+    cfg = DedupConfig(documents="")
     docs = tokens / TOKENS_PER_DOC
     shards = _shards(tokens)
     per_shard = docs / shards
     runs = docs * DEDUP_SECTIONS * DEDUP_RECORD
-    p1_gb = WORKER_GB + per_shard * DEDUP_SECTIONS * DEDUP_RECORD * 2 / GiB  # a shard's records and their sort
+    # pass 1: a shard's run (declared as the largest pass, so a shard is one run)
+    p1_gb = WORKER_GB + PASS1_SCRATCH_GB + per_shard * pass1_bytes_per_doc(cfg) / GiB
     ranges = math.ceil(docs / KEYS_PER_TASK)
     p2_tasks = DEDUP_SECTIONS * ranges
-    p2_gb = WORKER_GB + KEYS_PER_TASK * (DEDUP_RECORD + DEDUP_PER_RECORD) / GiB
-    edges = 2 * docs * DUPLICATE_SHARE
-    parts = max(1, math.ceil(edges / PAIRS_PER_TASK))
-    p3_gb = WORKER_GB + PAIRS_PER_TASK * 16 * 8 / GiB
+    p2_gb = pass2_gb(cfg, shards)  # a chunk of each shard's run, a block, a part of pairs
+    # pass 3 as the code cuts it: partitions of pairs_per_task pair entries over all sections (a
+    # duplicate's pair is found again in every band it shares; here in all 29, as an exact copy
+    # is), and its maps: the scatter, two a round, the emit, the group sort
+    entries = docs * DUPLICATE_SHARE * DEDUP_SECTIONS
+    edges = docs * DUPLICATE_SHARE  # distinct: a star edge a removed document
+    parts = max(1, math.ceil(entries / PAIRS_PER_TASK))
+    p3_tasks = parts * (2 * COMPONENT_ROUNDS + 3)
+    p3_gb = WORKER_GB + 0.05 + PAIRS_PER_TASK * 16 * 8 / GiB
     p4_gb = WORKER_GB + 0.25
-    passes = [("pass 1", shards, p1_gb), ("pass 2", p2_tasks, p2_gb), ("pass 3", parts * COMPONENT_ROUNDS, p3_gb),
+    passes = [("pass 1", shards, p1_gb), ("pass 2", p2_tasks, p2_gb), ("pass 3", p3_tasks, p3_gb),
               ("pass 4", shards, p4_gb)]
     detail = "; ".join(f"{p} {n:,} x {gb:.2f} GiB" for p, n, gb in passes)
+    rounds = 2 * edges * 16 * 2 * COMPONENT_ROUNDS  # both ways, two maps a round
     return StepPlan(f"dedup/{group}", sum(n for _, n, _ in passes), 1, max(gb for _, _, gb in passes),
                     tokens / RATES["dedup"].value / 3600,
-                    2 * _zst(tokens) + runs + edges * 16 * COMPONENT_ROUNDS,
-                    runs + _zst(tokens) * (1 - DUPLICATE_SHARE) + edges * 16 * COMPONENT_ROUNDS,
+                    2 * _zst(tokens) + runs + entries * 16 + rounds,
+                    runs + _zst(tokens) * (1 - DUPLICATE_SHARE) + entries * 16 + rounds,
                     detail=detail, rate="dedup")
 
 
@@ -277,7 +291,9 @@ def format_data_plan(plan: DataPlan) -> str:
     lines.append(f"  from: {TOKENS_PER_DOC:,} tokens a document, {BYTES_PER_TOKEN} bytes a token, "
                  f"{DOCS_PER_SHARD:,} documents a shard, zstd {ZSTD_RATIO.value:g}x ({ZSTD_RATIO.command}); per core:")
     for name, r in RATES.items():
-        lines.append(f"    {name:<14} {_rate(r.value)} {r.unit}  ({r.command})")
+        lines.append(f"    {name:<14} {_rate(r.value)} {r.unit}, {r.basis}  ({r.command})")
+    sizes = ", ".join(f"{n:,.0f} n-grams {v / 1e6:.2f} MB/s" for n, v in DECONTAM_RATES)
+    lines.append(f"    decontaminate by eval-side size, measured at {sizes}  ({DECONTAM_BENCH})")
     return "\n".join(lines)
 
 
