@@ -194,3 +194,25 @@ def test_markup_and_accents_do_not_hide_a_span_and_clean_text_is_kept(tmp_path):
         ["bool", True]
     assert words("Ca<em>f</em>&eacute; na\u00efve", fold_unicode=True) == ["ca", "f", "e", "naive"]
     assert words("a < b and c > d") == ["a", "b", "and", "c", "d"]  # a "<" before a space is no tag
+
+
+def test_every_task_declares_memory_and_the_index_is_built_in_tasks(tmp_path):
+    """No Resources.memory_gb: the eval count, the index build (declared from the count) and the
+    shard tasks each ask Ray for memory; the step's own process builds nothing."""
+    import steps.data.decontam as decontam_mod
+    from steps.data.plan import decontam_task_gb
+
+    folder, evals = _corpus(tmp_path)
+    asked = []
+
+    def mapper(fn, items, resources=None):
+        asked.append((fn.__name__, resources.memory_gb))
+        return [fn(x) for x in items]
+
+    ctx = StepContext(name="decontam/src", output=str(tmp_path / "out"), digest="0" * 64, mapper=mapper)
+    decontaminate(DecontamConfig(documents=str(folder), evals=(EvalSet("psalms", documents="psalms.jsonl"),
+                                                               EvalSet("code", documents="code.jsonl")),
+                                 root=str(evals)), ctx)
+    ngrams = sum(v["ngrams"] for v in ctx.results["evals"].values())
+    assert asked == [("_count_ngrams", 0.5), ("_build_index", decontam_mod.build_gb(13 + 4)),
+                     ("_shard_task", decontam_task_gb(ngrams))]

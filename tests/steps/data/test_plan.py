@@ -65,3 +65,17 @@ def test_the_voyage_sizes_its_data_steps_from_the_plan_and_exits_2_when_one_cann
     err = "".join(line for line in capsys.readouterr().err.splitlines(keepends=True) if not line.startswith("\x1b[36m("))
     assert code == 2 and err.count("\n") == 1 and "data plan: a task of dedup/common-crawl needs" in err, err
     assert not os.path.exists("/nonexistent/never-written")
+
+
+def test_the_decontam_rate_follows_the_eval_sides_size_and_says_how_it_is_known():
+    from steps.data.plan import DECONTAM_RATES, decontam_rate
+
+    (n0, r0), (n1, r1), (n2, r2) = DECONTAM_RATES
+    assert decontam_rate(n1) == (pytest.approx(r1), "measured")
+    mid, how = decontam_rate((n1 * n2) ** 0.5)
+    assert how == "interpolated" and min(r1, r2) < mid < max(r1, r2)
+    far, how = decontam_rate(1.5e8)
+    assert how == "extrapolated" and far < r2  # past the largest measured size: slower still
+    plan = plan_data([DataSource("a", 1e11)], CpuNodes(10, 64, 256), heldout_tokens=2e8)
+    assert "extrapolated" in plan["decontam/a"].detail
+    assert plan["decontam/a"].core_hours == pytest.approx(1e11 * BYTES_PER_TOKEN / far / 3600)

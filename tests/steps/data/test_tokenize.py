@@ -153,3 +153,19 @@ def test_pin_tokenizer_copies_a_tokenizer_and_checks_its_size(tmp_path):
     assert ctx.results["vocab_size"] == 3
     with pytest.raises(VoyageError, match="has 3 tokens, expected 128256"):
         pin_tokenizer.fn(PinTokenizerConfig(source=str(src), expect_vocab_size=128256), ctx)
+
+
+def test_every_task_declares_the_plans_memory_when_the_voyage_gives_none(docs_dir, tokenizer_dir, tmp_path):
+    """No Resources.memory_gb (the laptop voyage): each task still asks Ray for the data plan's
+    figure for a tokenize task, and checks itself against it."""
+    from steps.data.plan import tokenize_task_gb
+
+    asked = []
+
+    def mapper(fn, items, resources=None):
+        asked.append(resources)
+        return [fn(x) for x in items]
+
+    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64, mapper=mapper)
+    tokenize(TokenizeConfig(documents=str(docs_dir), tokenizer=str(tokenizer_dir), bos=None, eos="<|eos|>"), ctx)
+    assert [r.memory_gb for r in asked] == [tokenize_task_gb(1024)] and tokenize_task_gb(1024) > 0.5
