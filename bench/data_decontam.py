@@ -123,8 +123,6 @@ def main() -> None:
 
 def by_size(args) -> None:
     """The task's rate and the build's memory at each eval-side size, beside the plan's model."""
-    import numpy as np
-
     from data_common import WORK, shards
     from steps.data.decontam import BUILD_BYTES_PER_NGRAM, EVALS, _decontaminator, build_index
     from steps.data.formats import iter_documents
@@ -140,12 +138,13 @@ def by_size(args) -> None:
     print("\n| eval n-grams | index | build | build peak / n-gram | ours, the task | plan's model | plan / measured |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes:
-        rng = np.random.default_rng(size)
-        texts = (" ".join(rng.choice(vocab, 200)) for _ in range(-(-size // 188)))
+        rng = random.Random(size)
+        texts = [" ".join(rng.choices(vocab, k=200)) for _ in range(-(-size // 188))]
         m = Measure()
         t = time.process_time()
         index, stats = build_index({"suite": texts}, 13)
         build_s, peak = time.process_time() - t, m.gb - 0.25
+        del texts
         grams = int(index.hashes.size)
         out = WORK / "decontam-sizes"
         shutil.rmtree(out, ignore_errors=True)
