@@ -49,7 +49,7 @@ def write_corpus(out, copies: int, others: int, per_shard: int = 100_000) -> int
 
 def run(src, out, **config) -> tuple[dict, dict, float]:
     from executor import StepContext
-    from steps.data.dedup import DedupConfig, dedup
+    from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.memory import Measure
 
     peaks: dict[str, float] = {}

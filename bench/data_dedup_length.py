@@ -1,7 +1,7 @@
 """Fuzzy dedup's detection rate by document length: how often an isolated planted pair of known
 word 5-gram Jaccard similarity is removed, for documents of 16 to 512 words.
 
-A pair is found exactly when pass 2 finds it (steps/data/dedup_pairs.py, for a pair alone in its
+A pair is found exactly when pass 2 finds it (steps/dedup/pairs.py, for a pair alone in its
 buckets): the two share at least one of the 28 band keys of 4 rows, and their signatures agree
 on at least `verify_threshold` (0.7) of the 112 values. Both are computed with the step's own
 `MinHasher` and `band_keys`; the pairs are planted like bench/data_dedup_quality.py's (words
@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
-from steps.data.dedup import DedupConfig  # noqa: E402
-from steps.data.minhash import MinHasher, band_keys, shingles_of  # noqa: E402
+from steps.dedup.dedup import DedupConfig  # noqa: E402
+from steps.dedup.minhash import MinHasher, band_keys, shingles_of  # noqa: E402
 
 BINS = [(0.5, 0.6), (0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0)]
 LENGTHS = [16, 32, 64, 128, 512]

@@ -28,7 +28,7 @@ from data_common import WORK, ctx, shards  # noqa: E402
 
 
 def before_band_pairs(keys_per_shard: list[np.ndarray]) -> np.ndarray:
-    """main's pass 2 for one band (steps/data/dedup.py before the sorted runs): all keys at once."""
+    """main's pass 2 for one band (steps/dedup/dedup.py before the sorted runs): all keys at once."""
     keys = [np.asarray(k) for k in keys_per_shard]
     gids = [(np.uint64(i) << np.uint64(32)) | np.arange(len(k), dtype=np.uint64) for i, k in enumerate(keys)]
     key, gid = np.concatenate(keys), np.concatenate(gids)
@@ -57,8 +57,8 @@ def traced(fn, *args) -> tuple[object, int]:
 
 
 def measure(scale: int, keys_per_task: int) -> dict:
-    from steps.data.dedup import DedupConfig, dedup
-    from steps.data.dedup_runs import record_dtype
+    from steps.dedup.dedup import DedupConfig, dedup
+    from steps.dedup.runs import record_dtype
     from steps.data.formats import url_fs
 
     src = shards(scale)

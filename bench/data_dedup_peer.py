@@ -59,7 +59,7 @@ class Meter:
 
 
 def ours(src, out, meter: Meter, **cfg) -> dict:
-    from steps.data.dedup import DedupConfig, dedup
+    from steps.dedup.dedup import DedupConfig, dedup
 
     def mapper(fn, items, resources=None):
         return [meter.run(PASS_OF[fn.__name__], fn, x) for x in items]
@@ -84,7 +84,7 @@ def datatrove(src, out, meter: Meter, bands: int, rows: int, ranges: int, files:
     from datatrove.utils.word_tokenizers import WordTokenizer
 
     class Words(WordTokenizer):
-        """Our word rule (steps.data.minhash.words_of) instead of spaCy's English tokenizer, which
+        """Our word rule (steps.dedup.minhash.words_of) instead of spaCy's English tokenizer, which
         datatrove uses by default and which is much slower: this favours datatrove."""
 
         def word_tokenize(self, text):
@@ -96,7 +96,7 @@ def datatrove(src, out, meter: Meter, bands: int, rows: int, ranges: int, files:
         def span_tokenize(self, text):
             return [(0, len(text))]
 
-    from steps.data.minhash import words_of
+    from steps.dedup.minhash import words_of
 
     import xxhash
 

@@ -56,9 +56,9 @@ def main() -> None:
     import numpy as np
 
     from data_common import WORK, corpus_documents, ctx
-    from steps.data.dedup import DedupConfig, dedup
+    from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.formats import write_documents
-    from steps.data.minhash import candidate_probability, shingles_of
+    from steps.dedup.minhash import candidate_probability, shingles_of
 
     rng = random.Random(args.seed)
     originals = [d for d in corpus_documents() if len(d["text"].split()) >= 150]

@@ -20,7 +20,7 @@ import json, resource, shutil, sys, os
 sys.path.insert(0, "bench")
 from data_common import WORK, ctx, shards, tokenizer
 from steps.data.tokenize import TokenizeConfig, tokenize
-from steps.data.dedup import DedupConfig, dedup
+from steps.dedup.dedup import DedupConfig, dedup
 job, scale = sys.argv[1], int(sys.argv[2])
 src = shards(scale)
 out = WORK / f"mem-{job}-{scale}"

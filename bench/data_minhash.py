@@ -26,7 +26,7 @@ def main() -> None:
     from datasketch import MinHash
 
     from data_common import corpus_documents
-    from steps.data.minhash import MinHasher, shingles_of
+    from steps.dedup.minhash import MinHasher, shingles_of
 
     texts = [d["text"] for d in corpus_documents()][: args.docs]
     words = sum(len(t.split()) for t in texts)

@@ -29,7 +29,7 @@ def main() -> None:
 
     from data_common import WORK, ctx, shards, tokenizer
     from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
-    from steps.data.dedup import DedupConfig, dedup
+    from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.formats import iter_documents, write_documents
     from steps.data.ingest import IngestConfig, ingest
     from steps.data.tokenize import TokenizeConfig, tokenize

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from executor import InputRef, License, LicensePolicy, Resources, RetryPolicy, Step, VoyageError, output_of
 from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
-from steps.data.dedup import DedupConfig, dedup
+from steps.dedup.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.plan import CpuNodes, DataPlan, DataSource, format_data_plan, plan_data

@@ -11,7 +11,7 @@ each measured by a bench script (its command beside it), and from the formats' o
 
 - documents: tokens / TOKENS_PER_DOC; text: tokens x BYTES_PER_TOKEN; a zstd shard holds
   text / ZSTD_RATIO bytes; shards: documents / DOCS_PER_SHARD (ingest's `max_docs_per_shard`);
-- dedup (steps/data/dedup.py, its own memory formulas): pass 1 a task a shard writing one sorted
+- dedup (steps/dedup/dedup.py, its own memory formulas): pass 1 a task a shard writing one sorted
   run a section (28 bands + exact) of records (key, id, the 112-word signature carried for
   verification: 464 bytes), holding `pass1_bytes_per_doc` a document; pass 2 one task per
   (section, key range) of `keys_per_task` records, holding a chunk of each run (`pass2_gb`);
@@ -41,7 +41,7 @@ TOKENS_PER_DOC = 1_000  # docs/DATA.md: ~1k tokens a document at the voyage's si
 BYTES_PER_TOKEN = 4.4  # docs/DATA.md: text bytes a Llama 3 token
 DOCS_PER_SHARD = 100_000  # ingest's max_docs_per_shard
 DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
-DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.data.dedup_runs.record_dtype)
+DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.dedup.runs.record_dtype)
 KEYS_PER_TASK = 1 << 20  # DedupConfig.keys_per_task
 PAIRS_PER_TASK = 1 << 22  # DedupConfig.pairs_per_task
 DUPLICATE_SHARE = 0.01  # near-duplicate documents (issue 19: "~0.5 TB of raw pairs at 1%")
@@ -213,7 +213,7 @@ def _ingest(name: str, tokens: float) -> StepPlan:
 
 
 def _dedup(group: str, tokens: float) -> StepPlan:
-    from steps.data.dedup import PASS1_SCRATCH_GB, DedupConfig, pass1_bytes_per_doc, pass2_gb
+    from steps.dedup.dedup import PASS1_SCRATCH_GB, DedupConfig, pass1_bytes_per_doc, pass2_gb
 
     cfg = DedupConfig(documents="")
     docs = tokens / TOKENS_PER_DOC

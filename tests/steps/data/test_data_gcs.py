@@ -26,7 +26,7 @@ pytest.importorskip("gcsfs")
 from executor import Step, output_of  # noqa: E402
 from executor.api import run_steps  # noqa: E402
 from executor.storage.store import SUCCESS, Store, output_digest  # noqa: E402
-from steps.data.dedup import DedupConfig, dedup  # noqa: E402
+from steps.dedup.dedup import DedupConfig, dedup  # noqa: E402
 from steps.data.formats import TokenDataset, iter_documents, read_json  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, mixture  # noqa: E402

@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray")
 
 from executor import Step, output_of  # noqa: E402
 from executor.api import run_steps  # noqa: E402
-from steps.data.dedup import DedupConfig, dedup  # noqa: E402
+from steps.dedup.dedup import DedupConfig, dedup  # noqa: E402
 from steps.data.formats import TokenDataset  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, mixture  # noqa: E402

@@ -21,7 +21,7 @@ from kits.vizkit import replan, run_inline  # noqa: E402
 from executor import License, Step, output_of  # noqa: E402
 from executor.cli import main  # noqa: E402
 from executor.storage.store import Record  # noqa: E402
-from steps.data.dedup import DedupConfig, dedup  # noqa: E402
+from steps.dedup.dedup import DedupConfig, dedup  # noqa: E402
 from steps.data.formats import read_json  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, load_mixture, mixture  # noqa: E402

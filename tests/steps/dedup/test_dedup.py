@@ -5,9 +5,9 @@ import random
 import numpy as np
 import pytest
 
-import steps.data.dedup as dedup_mod
+import steps.dedup.dedup as dedup_mod
 from executor import StepContext, VoyageError
-from steps.data.dedup import DedupConfig, connected_components, dedup
+from steps.dedup.dedup import DedupConfig, connected_components, dedup
 from steps.data.formats import iter_documents, read_json, write_documents
 
 

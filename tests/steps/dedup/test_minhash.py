@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from steps.data.minhash import MinHasher, band_keys, candidate_probability, estimated_jaccard, shingle_hashes, \
+from steps.dedup.minhash import MinHasher, band_keys, candidate_probability, estimated_jaccard, shingle_hashes, \
     shingles_of
 
 TEXTS = ["In the beginning God created the heaven and the earth.",

@@ -4,13 +4,13 @@ on the corpus (docs/data.md "dedup" has each pass's files):
 
 1. per task of `shards_per_task` input shards: a 128-bit content hash (blake2b) and a MinHash
    signature over word n-grams per document, written as the task's sorted runs
-   (`steps.data.dedup_runs`): the content hashes, and one section per LSH band, each sorted by
+   (`steps.dedup.runs`): the content hashes, and one section per LSH band, each sorted by
    key, with what verifying a pair needs carried beside each key (the second half of the hash;
    the whole signature when `verify_threshold` is set);
-2. per (section, key range) (`steps.data.dedup_pairs`): the runs of every pass-1 task merged as a
+2. per (section, key range) (`steps.dedup.pairs`): the runs of every pass-1 task merged as a
    stream, one range each; pairs within each bucket, verified there (estimated Jaccard >= the threshold);
    `keys_per_task` records of a section make one range, so a task's memory is its range's;
-3. connected components of the verified pairs only (`steps.data.dedup_components`): large-star /
+3. connected components of the verified pairs only (`steps.dedup.components`): large-star /
    small-star rounds over `pairs_per_task`-sized hash partitions; the keeper of every cluster is
    its smallest global id, so the result does not depend on the order of work; the removed ids,
    with their keepers, sorted into one drop file per group of shards;
@@ -37,13 +37,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from executor import AtomicFile, InputPath, Resources, StepContext, VoyageError, run_only, step_type
-from steps.data.dedup_components import components, load
-from steps.data.dedup_pairs import EXACT, PairJob, pair_task, pair_task_bytes
-from steps.data.dedup_runs import CHUNK, MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
+from steps.dedup.components import components, load
+from steps.dedup.pairs import EXACT, PairJob, pair_task, pair_task_bytes
+from steps.dedup.runs import CHUNK, MIN_CHUNK, key_ranges, record_dtype, sort_section, write_run
 from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, iter_documents, \
     iter_text_batches, join, read_json, write_json
 from steps.data.memory import GiB, WORKER_GB, checked
-from steps.data.minhash import MinHasher, band_keys
+from steps.dedup.minhash import MinHasher, band_keys
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest, union
 from steps.data.refs import ref
 
@@ -348,7 +348,7 @@ def _pairs(config: DedupConfig, ctx: StepContext, runs_done: list[dict]) -> list
 
 def pass2_gb(config: DedupConfig, runs: int) -> float:
     """What a pass-2 task declares: a chunk of each of `runs` runs, a block of a bucket, a part
-    of pairs (`steps.data.dedup_pairs.pair_task_bytes`)."""
+    of pairs (`steps.dedup.pairs.pair_task_bytes`)."""
     width = config.bands * config.rows if config.verify_threshold is not None else 0
     chunk = min(CHUNK, max(MIN_CHUNK, config.keys_per_task // max(1, runs)))
     return _gb(pair_task_bytes(runs, chunk, width))

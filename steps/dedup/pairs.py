@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steps.data.dedup_runs import RunReader, record_dtype
+from steps.dedup.runs import RunReader, record_dtype
 from steps.data.formats import join, write_bytes, write_json
 
 EXACT = -1  # the section of content hashes

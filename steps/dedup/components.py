@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from steps.data.formats import join, url_fs, write_bytes
-from steps.data.minhash import _mix
+from steps.dedup.minhash import _mix
 
 U64 = np.uint64
 MASK = (1 << 64) - 1

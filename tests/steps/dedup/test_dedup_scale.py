@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from executor import StepContext
-from steps.data.dedup import DedupConfig, connected_components, dedup
-from steps.data.dedup_components import components, load, save
-from steps.data.dedup_pairs import PairJob, pair_task
-from steps.data.dedup_runs import MIN_CHUNK, key_ranges, sort_section, write_run
+from steps.dedup.dedup import DedupConfig, connected_components, dedup
+from steps.dedup.components import components, load, save
+from steps.dedup.pairs import PairJob, pair_task
+from steps.dedup.runs import MIN_CHUNK, key_ranges, sort_section, write_run
 from steps.data.formats import iter_text_batches, write_documents
-from steps.data.minhash import MinHasher, band_keys
+from steps.dedup.minhash import MinHasher, band_keys
 
 # -- the algorithm of main before this change, in one process (the reference) -----------------
 
@@ -213,7 +213,7 @@ def test_pass2_memory_is_flat_in_the_corpus_size_and_the_old_pass_is_not(tmp_pat
 def test_resume_after_pass_3_crash_with_another_task_budget(many, monkeypatch):
     """Pass 3 dies; the rerun (with another `keys_per_task`, which is run-only) redoes pass 2 in
     its own slices, reuses pass 1, and gives the clean run's clusters."""
-    import steps.data.dedup as dedup_mod
+    import steps.dedup.dedup as dedup_mod
 
     root, urls = many
     ctx = StepContext(name="t", output=str(root / "resume"), digest="0" * 64)
@@ -237,8 +237,8 @@ def test_small_runs_blocks_and_pair_parts_give_the_same_clusters(many, monkeypat
     """Pass 1 cut into runs of 16 documents (a task budget too small for a shard), pass 2 walking
     buckets in blocks of 3 members and writing pairs in parts of 5: the clusters of one run a
     task, one block a bucket, one file a range; every task within what it declares."""
-    import steps.data.dedup as dedup_mod
-    import steps.data.dedup_pairs as pairs_mod
+    import steps.dedup.dedup as dedup_mod
+    import steps.dedup.pairs as pairs_mod
 
     root, urls = many
     cfg = DedupConfig(documents=str(root / "in"))
@@ -281,8 +281,8 @@ def test_a_boilerplate_bucket_of_any_size_fits_a_pass2_task(tmp_path):
     """A bucket of 30,000 copies costs a pass-2 task what one of 5,000 does (a block and more) (tracemalloc peak
     within 25%; the whole bucket held at once, as before, is ~3 KB a copy: 90 MB), stays within
     the task's declaration, and gives one pair a copy."""
-    from steps.data.dedup import pass2_gb
-    from steps.data.dedup_pairs import PairSink, find_pairs
+    from steps.dedup.dedup import pass2_gb
+    from steps.dedup.pairs import PairSink, find_pairs
     from steps.data.memory import bounded
 
     peaks = {}
