@@ -73,8 +73,8 @@ MAX_SETS = 64  # one bit each in a uint64 mask
 BATCH = 256  # documents hashed and looked up together (numpy over the batch; memory: the batch)
 # what building the index holds an eval n-gram (repeats included) at its peak: the set's hashes
 # and their sort, then every set's unique hashes with their masks, joined, ordered and reduced
-# (measured: bench/data_decontam.py --sizes, docs/benchmarks.md)
-BUILD_BYTES_PER_NGRAM = 96
+# (measured 98 B at 9.5M n-grams, bench/data_decontam.py --sizes, docs/benchmarks.md; 15% more)
+BUILD_BYTES_PER_NGRAM = 112
 LM_EVAL_GB = 1.0  # lm-eval's task index and a task's datasets, when an eval set is an lm-eval task
 _PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so invertible mod 2^64
 _PRIME_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
