@@ -13,7 +13,9 @@ process's lifetime one), less the RSS at the start, plus `WORKER_GB`, what the p
 fresh worker's Python, numpy and fsspec. So the figure is the task's own, the same in a Ray worker
 that has run other tasks and in a test's process that holds a whole test suite. Two reads of
 /proc a task: nothing to speak of. Where the kernel cannot reset the peak (not Linux), nothing is
-measured and nothing is checked.
+measured and nothing is checked. The peak is the process's: the figure is a task's own where the
+process runs one task at a time, as a Ray worker runs plain tasks and `local_map` runs them one
+after another; a task's own threads (tokenize's reader) are part of it.
 """
 
 from __future__ import annotations
