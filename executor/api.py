@@ -43,7 +43,8 @@ def plan_steps(steps: Iterable[Step], prefix: str, selection: Selection | None =
 
 def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int = 16,
              pickle_by_value: Sequence[Any] = (), on_change: Listener | None = None,
-             voyage: str | None = None, on_page: Callable[[str], None] | None = None) -> RunSummary:
+             voyage: str | None = None, on_page: Callable[[str], None] | None = None,
+             live_page: bool = True, log: dict[str, Any] | None = None) -> RunSummary:
     """Run what `plan` marks to run on Ray (joining `ray_address`, or the Ray already initialized
     in this process, or an embedded local one), after checking that the prefix can be written
     and that every step can be placed.
@@ -51,7 +52,9 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
     `pickle_by_value`: modules whose code workers cannot import (a voyage file loaded from a
     path). With `voyage` (a name), the run keeps a live page at
     `{prefix}/voyages/{voyage}/{run}/index.html` (its URL is passed to `on_page` before the
-    first step starts, and kept in the summary); a failing page write never fails the run."""
+    first step starts, and kept in the summary; `live_page=False`: no page); a failing page write
+    never fails the run. With `voyage`, a run that runs steps also writes one entry in the voyage's
+    log (executor.logbook; `log` adds fields: config, flags, note, voyage_file), never failing it."""
     from executor.runner import Runner
 
     check_settings(max_concurrent=max_concurrent)
@@ -71,7 +74,7 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
     try:
         fail_if_unplaceable({d.name: d.node.step.resources for d in to_run}, ray_backend.cluster_nodes())
         page = None
-        if voyage:
+        if voyage and live_page:
             from executor.views.live import open_page
 
             page = open_page(plan, voyage, plan.leases.owner.run_id)
@@ -90,6 +93,10 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
                 page.close(summary)
         if page is not None:
             summary.page = page.url
+        if voyage:
+            from executor.logbook import record_run
+
+            record_run(plan, summary, voyage, page_folder=page.folder if page is not None else None, extra=log)
         return summary
     finally:
         if started:

@@ -50,6 +50,11 @@ class Options:
     overrides: list[str]
     gc: bool = False
     yes: bool = False
+    note: str | None = None
+    log: bool = False
+    path: tuple[str, ...] = ()
+    diff: str | None = None
+    format: str = "text"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--which-saw", metavar="SOURCE:DOC_ID",
                    help="which training steps and checkpoints saw this document (from the prefix); run nothing")
     p.add_argument("--json", action="store_true",
-                   help="with --which-saw: print the answer as JSON, every list whole")
+                   help="with --which-saw or --log: print the answer as JSON, every list whole")
     _add_lineage_flags(p)
+    _add_logbook_flags(p)
     _add_gc_flags(p)
     p.add_argument("--rerun", metavar="NAME", action="append", default=[],
                    help="run NAME again even if it is cached (repeatable)")
@@ -103,6 +109,51 @@ def _add_lineage_flags(p: argparse.ArgumentParser) -> None:
                         "token counts; run nothing")
     p.add_argument("--consumers", metavar="NAME",
                    help="print everything built from step NAME, with each one's state; run nothing")
+
+
+def _add_logbook_flags(p: argparse.ArgumentParser) -> None:
+    """--note, --log, --path, --diff, --format (docs/logbook.md): the voyage's logbook."""
+    p.add_argument("--note", metavar="TEXT",
+                   help="the reason for this run, kept in its log entry; with nothing to run, a note-only entry")
+    p.add_argument("--log", action="store_true",
+                   help="print the voyage's log, one line per run, --gc --yes or note, newest first; run nothing")
+    p.add_argument("--path", metavar="STEP [FILE]", nargs="+",
+                   help="print where step STEP's output (or FILE in it) is served: its committed attempt; run nothing")
+    p.add_argument("--diff", metavar="REV",
+                   help="plan the voyage as of git revision REV against the working tree: which steps change "
+                        "and why, what stays cached, what the change costs; run nothing")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="with --diff: text (default) or markdown (a pull-request comment)")
+
+
+def _check_logbook_flags(ns: argparse.Namespace) -> None:
+    """--note, --log, --path and --diff: one line naming what does not go together."""
+    looks = [flag for flag, on in (("--dry-run", ns.dry_run), ("--viz", ns.viz), ("--explain", ns.explain),
+                                   ("--which-saw", ns.which_saw), ("--lineage", ns.lineage),
+                                   ("--consumers", ns.consumers), ("--log", ns.log), ("--path", ns.path),
+                                   ("--diff", ns.diff)) if on]
+    if ns.note is not None:
+        if not ns.note.strip():
+            raise VoyageError("--note: empty; say why (e.g. --note \"lowered the peak lr after the spike\")")
+        if looks:
+            raise VoyageError(f"--note does not combine with {', '.join(looks)}: a note goes into the log entry of a "
+                              "run (or alone, into a note-only entry), and these run nothing")
+        if ns.gc and not ns.yes:
+            raise VoyageError("--note with --gc: only with --yes (a listing writes no log entry)")
+    for flag, on in (("--log", ns.log), ("--path", ns.path), ("--diff", ns.diff)):
+        if not on:
+            continue
+        others = [f for f in looks if f != flag and not (flag == "--diff" and f == "--dry-run")]
+        others += [f for f, o in (("--rerun", ns.rerun), ("--downstream", ns.downstream), ("--only", ns.only),
+                                  ("--gc", ns.gc)) if o]
+        if others:
+            raise VoyageError(f"{flag} does not combine with {', '.join(others)}")
+    if ns.path is not None and len(ns.path) > 2:
+        raise VoyageError(f"--path takes a step and at most one file in its output, got {' '.join(ns.path)}")
+    if ns.format != "text" and not ns.diff:
+        raise VoyageError("--format: only with --diff (the change it prints)")
+    if ns.diff is not None and not ns.diff.strip():
+        raise VoyageError("--diff: empty; give a git revision (a commit, a branch, HEAD~1)")
 
 
 def _add_gc_flags(p: argparse.ArgumentParser) -> None:
@@ -150,8 +201,9 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
         except argparse.ArgumentTypeError as e:
             raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
     prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
-    if ns.json and not ns.which_saw:
-        raise VoyageError("--json: only with --which-saw (the answer it prints as JSON)")
+    if ns.json and not (ns.which_saw or ns.log):
+        raise VoyageError("--json: only with --which-saw or --log (the answer it prints as JSON)")
+    _check_logbook_flags(ns)
     if not prefix.strip():
         where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
         raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
@@ -160,7 +212,8 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
                    lineage=ns.lineage, consumers=ns.consumers, rerun=tuple(ns.rerun),
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
-                   verbose=ns.verbose, overrides=rest, gc=ns.gc, yes=ns.yes)
+                   verbose=ns.verbose, overrides=rest, gc=ns.gc, yes=ns.yes, note=ns.note, log=ns.log,
+                   path=tuple(ns.path or ()), diff=ns.diff, format=ns.format)
     if ns.yes and not ns.gc:
         raise VoyageError("--yes only confirms --gc's deletions; without --gc it means nothing")
     if ns.gc:
@@ -241,6 +294,12 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         check_target(opts.viz)  # a bad extension, or .svg without graphviz: before anything is done
     if opts.gc and not want_help:
         return _gc(opts)
+    if opts.log and not want_help:
+        return _log(opts)
+    if opts.diff and not want_help:
+        from executor.views.diff import diff_command
+
+        return diff_command(opts)
     if want_help:
         vf = voyage_mod.load(opts.voyage)
         parser.print_help()
@@ -266,6 +325,8 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         check_name(plan.dag.by_name, opts.explain)
     if opts.lineage or opts.consumers:
         return _lineage(opts, plan)
+    if opts.path:
+        return _path(opts, plan)
 
     from executor.views import report
 
@@ -287,20 +348,25 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
         _print_voyage_summary(vf, config, plan)
         return 0
 
-    return _run(opts, vf, plan)
+    return _run(opts, vf, plan, config)
 
 
-def _run(opts: Options, vf: VoyageFile, plan: Plan) -> int:
+def _run(opts: Options, vf: VoyageFile, plan: Plan, config: object) -> int:
     from executor.views import report
     from executor.api import run_plan
 
     report.print_plan(plan, sys.stdout)
     _print_licences(plan)
+    log = {"config": config, "voyage_file": opts.voyage, "note": opts.note,
+           "flags": {"rerun": list(opts.rerun), "downstream": opts.downstream, "only": list(opts.only),
+                     "overrides": list(opts.overrides)}}
     if not plan.to_run():
         print("nothing to run: every selected step is cached")
+        if opts.note:  # a decision with no run: a note-only entry
+            _write_note(plan, vf, log)
         return 0
     summary = run_plan(plan, ray_address=opts.ray_address, max_concurrent=opts.max_concurrent,
-                       pickle_by_value=[vf.module], voyage=vf.name if opts.live_page else None,
+                       pickle_by_value=[vf.module], voyage=vf.name, live_page=opts.live_page, log=log,
                        on_page=lambda url: print(f"voyage page: {url}", flush=True))
     report.print_summary(summary, plan, sys.stdout, page=summary.page)
     return summary.exit_code
@@ -330,7 +396,92 @@ def _gc(opts: Options) -> int:
     if not opts.yes:
         print("nothing deleted: run again with --yes to delete what is listed" if report.items else "nothing to delete")
         return 0
-    print(sweep.sweep(store, report, ttl=opts.lease_ttl).describe())
+    outcome = sweep.sweep(store, report, ttl=opts.lease_ttl)
+    print(outcome.describe())
+    _log_gc(opts, store, outcome)
+    return 0
+
+
+def _log_gc(opts: Options, store: object, outcome: object) -> None:
+    """An entry in the log of each named voyage: the bytes `--gc --yes` deleted (never failing it)."""
+    from executor import logbook
+
+    gc = {"bytes": outcome.bytes, "items": len(outcome.deleted), "files": sum(i.files for i in outcome.deleted),
+          "skipped": len(outcome.skipped)}
+    for vf, _ in _split_voyages(opts.voyage, opts.overrides):
+        try:
+            entry = logbook.new_entry("gc", vf.name, note=opts.note, voyage_file=vf.path)
+            entry["gc"] = gc
+            logbook.write_entry(store, vf.name, entry)
+        except Exception as e:
+            logging.getLogger("marin.logbook").warning("no log entry for this --gc --yes in %s (%s: %s)",
+                                                       vf.name, type(e).__name__, e)
+
+
+def _write_note(plan: Plan, vf: VoyageFile, log: dict) -> None:
+    """A note-only entry: the decision is the point, so a failed write is an error (exit 2)."""
+    from executor import logbook
+
+    extra = dict(log)
+    entry = logbook.new_entry("note", vf.name, config=extra.pop("config"), note=extra.pop("note"),
+                              flags=extra.pop("flags"), voyage_file=extra.pop("voyage_file"))
+    entry["steps"] = logbook.step_outcomes(plan, None)
+    entry["counts"] = logbook._counts(entry["steps"])
+    try:
+        plan.store.check_writable()
+        rel = logbook.write_entry(plan.store, vf.name, entry)
+    except VoyageError:
+        raise
+    except Exception as e:
+        raise VoyageError(f"the note was not written under {plan.store.prefix}: {type(e).__name__}: {e}") from None
+    print(f"note written: {plan.store.url(rel)}")
+
+
+def _log(opts: Options) -> int:
+    """--log: the voyage's entries, newest first (--json: whole). An empty log is one line, exit 2."""
+    from executor import logbook, voyage as voyage_mod
+    from executor.api import check_settings
+    from executor.storage.store import Store
+    from executor.views.logbook import print_log, to_json
+
+    check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
+    vf = voyage_mod.load(opts.voyage)
+    store = Store(opts.prefix)
+    found = logbook.entries(store, vf.name)
+    if not found:
+        raise VoyageError(f"the log of voyage {vf.name!r} under {store.prefix} is empty: no run, --gc --yes or "
+                          f"--note has written an entry in {store.url(logbook.log_folder(vf.name))}/")
+    if opts.json:
+        print(to_json(found))
+    else:
+        print_log(found, sys.stdout)
+    return 0
+
+
+def _path(opts: Options, plan: Plan) -> int:
+    """--path STEP [FILE]: where the step's committed output (or FILE in it) is served."""
+    import difflib
+
+    name, file = opts.path[0], (opts.path[1] if len(opts.path) > 1 else "")
+    d = plan.dag.by_name.get(name)
+    if d is None:
+        close = difflib.get_close_matches(name, list(plan.dag.by_name), n=3, cutoff=0.5)
+        raise VoyageError(f"--path: no step named {name!r} in this voyage"
+                          + (f" (closest: {', '.join(close)})" if close else ""))
+    status = plan[name].status
+    served = status.served() if status is not None else None
+    if served is None:
+        raise VoyageError(f"--path: {name} has no committed output under {plan.store.prefix} "
+                          f"({plan[name].state}: {plan[name].reason}); run the voyage first")
+    folder = served.data_dir(d.dirname)
+    file = file.strip("/")
+    if file:
+        if any(part in ("", ".", "..") for part in file.split("/")):
+            raise VoyageError(f"--path: {file!r} is not a path inside the output")
+        target = plan.store.path(folder, file)
+        if not plan.store.fs.exists(target):
+            raise VoyageError(f"--path: {name}'s output has no {file!r} (in {plan.store.url(folder)})")
+    print(plan.store.url(f"{folder}/{file}" if file else folder))
     return 0
 
 

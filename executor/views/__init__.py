@@ -1,0 +1,1 @@
+"""What the executor shows: pages and printed reports (the logbook's index and lines)."""
