@@ -135,6 +135,10 @@ class StepType:
     # config -> {first folder of the output: the config value whose inputs alone fill that folder}
     # (executor.lineage: a consumer reading only that folder gets only those inputs' licences)
     partitions: Callable[[Any], Mapping[str, Any]] | None = None
+    # At each commit, `{prefix}/{step name}` is made to point at the committed attempt (a relative
+    # symlink on a local disk, a pointer object on an object store; executor.alias): a stable,
+    # human-readable way in that the executor itself never reads back.
+    alias: bool = False
 
     def is_log(self, relpath: str) -> bool:
         """Whether a file of the output (path relative to the folder) is one of its logs."""
@@ -156,7 +160,8 @@ _REGISTRY: dict[str, StepType] = {}  # by name: a name is one step type, whateve
 
 def step_type(version: str, name: str | None = None, *, resumable: bool = False,
               logs: tuple[str, ...] | list[str] = (),
-              partitions: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable[[Callable], StepType]:
+              partitions: Callable[[Any], Mapping[str, Any]] | None = None,
+              alias: bool = False) -> Callable[[Callable], StepType]:
     """Register a function `(config, ctx) -> None` as a step type.
 
     `version` is required and enters every digest of this type: bump it when the function's
@@ -167,7 +172,8 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     not digested. `partitions(config)` says which folders of the output hold which inputs' data
     alone (dedup of several sources: `{source: documents[source]}`), so that a step reading one of
     them is reached only by those inputs' sources and licences (docs/provenance.md); without it
-    every input reaches every folder.
+    every input reaches every folder. `alias`: each commit points `{prefix}/{step name}` at the
+    committed attempt (exports: `out/export/laptop/hf`; executor.alias).
 
     The name (default: the function's) is the step type's identity: a second definition of the
     same name in another file, with other code, is an error naming both (they would share digests).
@@ -180,7 +186,8 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     def register(fn: Callable) -> StepType:
         type_name = name or fn.__name__
         st = StepType(name=type_name, version=version, fn=fn, resumable=resumable,
-                      description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs), partitions=partitions)
+                      description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs), partitions=partitions,
+                      alias=bool(alias))
         _check_unique(st)
         _REGISTRY[type_name] = st
         return st

@@ -196,6 +196,10 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             ours = store.swap_status(task.dirname, running, done)
     if not ours:
         return _lost(task, attempt, started)
+    if task.step_type.alias:
+        from executor.alias import write_alias
+
+        write_alias(store, task.name, task.dirname, folder_rel)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=number, started=started,
                       ended=time.time(), status=done)
 

@@ -840,3 +840,23 @@ def run_summary(config: VoyageConfig) -> str:
         format_data_plan(data_plan_of(config)),
     ]
     return "\n".join(lines)
+
+
+def costs(config: VoyageConfig) -> dict[str, dict[str, object]]:
+    """What each step of the voyage costs, from the plans the dry-run prints (`marin-run --diff`
+    prices a change with it, docs/logbook.md): core-hours of each data step (the data plan) and
+    GPU-hours of pretrain and midtrain (optimizer steps x the training plan's step time x the
+    GPUs that train). The laptop's training steps are priced as the full-scale steps they rehearse
+    (`at`); its data steps, over the bundled corpus, are not priced."""
+    full = dataclasses.replace(config, laptop=False)
+    scale = scale_of(full)
+    plan = plan_of(full)[0].plan
+    per_step = scale.batch_size * scale.seq_len
+    name = "laptop" if config.laptop else "535b-a23b"
+    out: dict[str, dict[str, object]] = {}
+    if not config.laptop:
+        out.update({s.name: {"core_hours": s.core_hours} for s in data_plan_of(full).steps})
+    for stage, tokens in (("pretrain", scale.pretrain_tokens), ("midtrain", scale.midtrain_tokens)):
+        out[f"{stage}/{name}"] = {"gpu_hours": tokens / per_step * plan.time.total * plan.ranks / 3600,
+                                  "at": f"{stage}/535b-a23b"}
+    return out

@@ -64,7 +64,7 @@ class ExportHFConfig:
             raise VoyageError(f"export_hf.max_shard_bytes must be positive, got {self.max_shard_bytes}")
 
 
-@step_type(version="2")  # 2: the folder moved to hf/, README.md is the Hub's model card
+@step_type(version="2", alias=True)  # 2: the folder moved to hf/, README.md is the Hub's model card
 def export_hf(config: ExportHFConfig, ctx: StepContext) -> None:
     """Write the checkpoint as a Hugging Face folder (weights, config, modeling code, tokenizer,
     model card) in `hf/` of the step's output."""

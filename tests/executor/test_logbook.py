@@ -187,3 +187,37 @@ def test_the_index_page_links_only_relative_paths_that_exist(tmp_path):
         target = os.path.normpath(os.path.join(prefix, "voyages", NAME, unquote(href)))
         assert target.startswith(prefix) and os.path.exists(target), href
     assert 'id="loss-chart"' in page and page.count("<polyline") == 2  # both runs' trainers
+
+
+def test_an_alias_points_at_the_committed_attempt_and_follows_a_rerun(tmp_path):
+    """A step type with alias=True: `{prefix}/{name}` is the committed attempt, also after the
+    prefix moves; a rerun's commit moves it; the executor never reads it (a broken alias changes
+    no plan)."""
+    from executor import Step, step_type
+    from executor.plan import Selection
+    from vizkit import Make
+
+    @step_type(version="1", name="logbook_aliased", alias=True)
+    def aliased(config: Make, ctx) -> None:
+        with ctx.open("hf/value.txt", "w") as f:
+            f.write(config.value)
+
+    steps = [Step("export/tiny", aliased, Make("v"))]
+    prefix = str(tmp_path / "out")
+    plan, summary = run_inline(steps, prefix)
+    link = os.path.join(prefix, "export", "tiny")
+    assert os.path.islink(link) and not os.path.isabs(os.readlink(link))
+    first = os.readlink(link)
+    assert first.startswith(plan["export/tiny"].node.dirname.rpartition("/")[2] + "/.attempts/0001-")
+    assert open(os.path.join(link, "hf", "value.txt")).read() == "v"
+    moved = str(tmp_path / "moved")
+    os.rename(prefix, moved)
+    assert open(os.path.join(moved, "export", "tiny", "hf", "value.txt")).read() == "v"
+    plan, summary = run_inline(steps, moved, Selection(rerun=("export/tiny",)))
+    second = os.readlink(os.path.join(moved, "export", "tiny"))
+    assert second != first and second.rpartition("/")[2].startswith("0002-")
+    os.remove(os.path.join(moved, "export", "tiny"))
+    os.symlink("nowhere", os.path.join(moved, "export", "tiny"))
+    from vizkit import replan
+
+    assert replan(steps, moved)["export/tiny"].state.value == "CACHED"

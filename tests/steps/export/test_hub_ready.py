@@ -123,3 +123,22 @@ def test_the_hub_licence_is_one_spdx_id_or_other_named_and_linked():
     assert hub_license(card("CC-BY-4.0", "MIT"))["license_name"] == "cc-by-4.0-and-mit"
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+def test_the_readme_snippet_runs_as_written_on_the_laptop_prefix(hub, hf_modules, tmp_path, monkeypatch):
+    """README.md's Python block, as written, from a folder whose `out` is the laptop voyage's
+    prefix: every path it names exists (the export's alias), and it loads the model."""
+    import re
+
+    lv, folder, _ = hub
+    readme = open(os.path.join(lv.root, "README.md"), encoding="utf-8").read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "from_pretrained" in b]
+    assert len(blocks) == 1
+    paths = set(re.findall(r'"(out/[^"]+)"', blocks[0]))
+    assert paths == {"out/export/laptop/hf"}
+    os.symlink(lv.prefix, tmp_path / "out")
+    monkeypatch.chdir(tmp_path)
+    assert os.path.realpath("out/export/laptop/hf") == os.path.realpath(folder)  # the served attempt
+    scope = {}
+    exec(compile(blocks[0], "README.md", "exec"), scope)
+    assert scope["model"].config.model_type and scope["tokenizer"]("In the beginning").input_ids

@@ -1,0 +1,90 @@
+"""The `voyages/` folder as a static site (issue 30): the laptop voyage's prefix served by
+`python -m http.server`'s handler, its logbook index and the run pages it links opened in headless
+Chromium; every link followed answers 200, none is absolute or names a path of this machine, and
+the page shows the run with its loss curves."""
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from urllib.parse import urljoin, urlparse
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARTIFACTS = os.path.join(ROOT, ".artifacts", "browser")
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def served(laptop_voyage):
+    """The prefix over http (read only: the fixture's prefix is shared)."""
+    handler = functools.partial(_Quiet, directory=laptop_voyage.prefix)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_logbook_index_and_run_pages_link_only_what_the_site_serves(laptop_voyage, served):
+    from playwright.sync_api import sync_playwright
+
+    lv = laptop_voyage
+    local = [p for p in {lv.prefix, lv.ran_at, lv.root, os.path.dirname(lv.prefix)} if len(p) > 1]
+    index = urljoin(served, "voyages/535b/index.html")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1200, "height": 1400})
+            errors = []
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            assert tab.goto(index).status == 200
+            assert tab.locator("section.entry").count() >= 1
+            assert tab.locator("#loss-chart polyline").count() >= 2  # pretrain and midtrain of the run
+            assert tab.locator("a", has_text="model card").count() >= 1 and tab.locator("a", has_text="run page").count()
+            os.makedirs(ARTIFACTS, exist_ok=True)
+            tab.screenshot(path=os.path.join(ARTIFACTS, "logbook-laptop.png"), full_page=True)
+            pages, followed = [index], set()
+            run_pages = []
+            while pages:
+                url = pages.pop()
+                if url != tab.url:
+                    assert tab.goto(url).status == 200
+                    if url.endswith("/index.html") and url != index:
+                        tab.wait_for_selector("html[data-drawn]", state="attached", timeout=60_000)
+                html = tab.content()
+                assert not [p for p in local if p in html], url  # no path of this machine
+                hrefs = tab.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
+                assert hrefs or url != index
+                for href in hrefs:
+                    if href.startswith("#"):
+                        continue
+                    assert "://" not in href and not href.startswith(("/", "file:")), (url, href)
+                    target = urljoin(url, href)
+                    assert urlparse(target).netloc == urlparse(served).netloc and target.startswith(served), href
+                    if target in followed:
+                        continue
+                    followed.add(target)
+                    answer = tab.request.get(target)
+                    assert answer.status == 200, (url, href, answer.status)
+                    if url == index and target.endswith("/index.html"):
+                        run_pages.append(target)
+                        pages.append(target)
+            assert run_pages  # the run's live page, linked from the index
+            assert any(t.endswith("/.step.json") for t in followed)
+            assert errors == []
+        finally:
+            browser.close()
