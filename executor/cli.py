@@ -405,6 +405,7 @@ def _gc(opts: Options) -> int:
 def _log_gc(opts: Options, store: object, outcome: object) -> None:
     """An entry in the log of each named voyage: the bytes `--gc --yes` deleted (never failing it)."""
     from executor import logbook
+    from executor.views.logbook import rewrite_index
 
     gc = {"bytes": outcome.bytes, "items": len(outcome.deleted), "files": sum(i.files for i in outcome.deleted),
           "skipped": len(outcome.skipped)}
@@ -413,6 +414,7 @@ def _log_gc(opts: Options, store: object, outcome: object) -> None:
             entry = logbook.new_entry("gc", vf.name, note=opts.note, voyage_file=vf.path)
             entry["gc"] = gc
             logbook.write_entry(store, vf.name, entry)
+            rewrite_index(store, vf.name)
         except Exception as e:
             logging.getLogger("marin.logbook").warning("no log entry for this --gc --yes in %s (%s: %s)",
                                                        vf.name, type(e).__name__, e)
@@ -430,6 +432,9 @@ def _write_note(plan: Plan, vf: VoyageFile, log: dict) -> None:
     try:
         plan.store.check_writable()
         rel = logbook.write_entry(plan.store, vf.name, entry)
+        from executor.views.logbook import rewrite_index
+
+        rewrite_index(plan.store, vf.name)
     except VoyageError:
         raise
     except Exception as e:
@@ -445,12 +450,14 @@ def _log(opts: Options) -> int:
     from executor.views.logbook import print_log, to_json
 
     check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
-    vf = voyage_mod.load(opts.voyage)
+    if not os.path.isfile(opts.voyage):  # the log is found by the voyage's name: the file is not run
+        voyage_mod.load(opts.voyage)  # its one-line error
+    name = voyage_mod.name_of(opts.voyage)
     store = Store(opts.prefix)
-    found = logbook.entries(store, vf.name)
+    found = logbook.entries(store, name)
     if not found:
-        raise VoyageError(f"the log of voyage {vf.name!r} under {store.prefix} is empty: no run, --gc --yes or "
-                          f"--note has written an entry in {store.url(logbook.log_folder(vf.name))}/")
+        raise VoyageError(f"the log of voyage {name!r} under {store.prefix} is empty: no run, --gc --yes or "
+                          f"--note has written an entry in {store.url(logbook.log_folder(name))}/")
     if opts.json:
         print(to_json(found))
     else:

@@ -17,7 +17,8 @@ failure class and a stack excerpt of what failed, the loss curve of each trainin
 the bytes `--gc --yes` deleted, and a note (`--note`): the human reason.
 
 Writing the log never fails a run: a failed write is a warning. Reading is `entries()`; the
-pages and lines are executor.views.logbook's.
+pages and lines are executor.views.logbook's (api.run_plan and the CLI rewrite the page after
+each entry).
 """
 
 from __future__ import annotations
@@ -313,11 +314,10 @@ def new_entry(kind: str, voyage: str, *, config: Any = None, note: str | None = 
     return entry
 
 
-def write_entry(store: Store, voyage: str, entry: dict[str, Any], *, previous: bool = True,
-                index: bool = True) -> str:
+def write_entry(store: Store, voyage: str, entry: dict[str, Any], *, previous: bool = True) -> str:
     """Write `entry` as a new object of the voyage's log (after adding its config difference from
-    the newest earlier entry that has a config); then rewrite the voyage's index page. Returns the
-    entry's path relative to the prefix. Raises what the store raises."""
+    the newest earlier entry that has a config). Returns the entry's path relative to the prefix.
+    Raises what the store raises. (The voyage's page is executor.views.logbook.write_index's.)"""
     from executor.storage.files import is_gcs, write_atomic
 
     if previous and "config" in entry:
@@ -337,26 +337,7 @@ def write_entry(store: Store, voyage: str, entry: dict[str, Any], *, previous: b
             raise FileExistsError(store.path(rel))
     else:
         write_atomic(store.path(rel), data, fs=fs, **options)
-    if index:
-        try:
-            write_index(store, voyage)
-        except Exception as e:  # the entry is in; the page is rebuilt at the next entry
-            log.warning("logbook: the index page of %s not written (%s: %s)", voyage, type(e).__name__, e)
     return rel
-
-
-def write_index(store: Store, voyage: str) -> str:
-    """Rewrite `voyages/{voyage}/index.html` from every entry; returns its URL."""
-    from executor.storage.files import is_gcs, write_atomic
-    from executor.views.logbook import index_html
-
-    found = entries(store, voyage)
-    page = index_html(voyage, found, store=store).encode()
-    path = store.path(voyage_folder(voyage), "index.html")
-    gcs = {"content_type": "text/html; charset=utf-8",
-           "fixed_key_metadata": {"cache_control": "no-cache, max-age=0"}}
-    write_atomic(path, page, fs=store.fs, **(gcs if is_gcs(store.fs) else {}))
-    return store.to_url(path)
 
 
 def record_run(plan: Plan, summary: RunSummary | None, voyage: str, *, page_folder: str | None = None,
@@ -379,10 +360,14 @@ def record_run(plan: Plan, summary: RunSummary | None, voyage: str, *, page_fold
             entry["exit_code"] = summary.exit_code
         if page_folder:
             entry["page"] = page_folder.rpartition("/")[2] + "/index.html"  # relative to voyages/{voyage}/
-        return write_entry(plan.store, voyage, entry)
+        rel = write_entry(plan.store, voyage, entry)
     except Exception as e:
         log.warning("logbook: no entry written for this run (%s: %s); the voyage goes on", type(e).__name__, e)
         return None
+    from executor.views.logbook import rewrite_index  # the page of the entries (views sit above)
+
+    rewrite_index(plan.store, voyage)
+    return rel
 
 
 def _counts(steps: dict[str, dict[str, Any]]) -> dict[str, int]:

@@ -136,7 +136,7 @@ class StepType:
     # (executor.lineage: a consumer reading only that folder gets only those inputs' licences)
     partitions: Callable[[Any], Mapping[str, Any]] | None = None
     # At each commit, `{prefix}/{step name}` is made to point at the committed attempt (a relative
-    # symlink on a local disk, a pointer object on an object store; executor.alias): a stable,
+    # symlink on a local disk, a pointer object on an object store; executor.storage.alias): a stable,
     # human-readable way in that the executor itself never reads back.
     alias: bool = False
 
@@ -173,7 +173,7 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     alone (dedup of several sources: `{source: documents[source]}`), so that a step reading one of
     them is reached only by those inputs' sources and licences (docs/provenance.md); without it
     every input reaches every folder. `alias`: each commit points `{prefix}/{step name}` at the
-    committed attempt (exports: `out/export/laptop/hf`; executor.alias).
+    committed attempt (exports: `out/export/laptop/hf`; executor.storage.alias).
 
     The name (default: the function's) is the step type's identity: a second definition of the
     same name in another file, with other code, is an error naming both (they would share digests).

@@ -32,11 +32,16 @@ class VoyageFile:
     config_class: type | None
 
 
+def name_of(path: str) -> str:
+    """A voyage's name: its file's, without `.py` (what `load` names it, without importing it)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def load(path: str) -> VoyageFile:
     """Import a voyage file and find its entry function and config dataclass."""
     if not os.path.isfile(path):
         raise VoyageError(f"voyage file {path!r} not found")
-    name = os.path.splitext(os.path.basename(path))[0]
+    name = name_of(path)
     module_name = f"marin_voyage_{name}".replace("-", "_").replace(".", "_")
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:

@@ -197,7 +197,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     if not ours:
         return _lost(task, attempt, started)
     if task.step_type.alias:
-        from executor.alias import write_alias
+        from executor.storage.alias import write_alias
 
         write_alias(store, task.name, task.dirname, folder_rel)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=number, started=started,

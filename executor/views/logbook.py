@@ -206,7 +206,7 @@ table.diff{border-collapse:collapse}table.diff td,table.diff th{border:1px solid
 .legend{list-style:none;padding:0;font-size:12px;columns:2}svg text{font-size:11px;fill:#555}"""
 
 
-def index_html(voyage: str, found: list[dict[str, Any]], store: Any = None) -> str:
+def index_html(voyage: str, found: list[dict[str, Any]]) -> str:
     """The voyage's index page from its entries (newest first)."""
     runs = sum(1 for e in found if e.get("kind") == "run")
     notes = sum(1 for e in found if e.get("note"))
@@ -218,3 +218,28 @@ def index_html(voyage: str, found: list[dict[str, Any]], store: Any = None) -> s
             f"<h1>{html.escape(voyage)}: logbook</h1>"
             f"<p>{len(found):,} entries: {runs:,} runs, {notes:,} notes. Newest first.</p>"
             f"<h2>loss, every run</h2>{chart(found)}{body}</body></html>\n")
+
+
+def write_index(store: Any, voyage: str) -> str:
+    """Rewrite `voyages/{voyage}/index.html` from every entry; returns its URL."""
+    from executor.logbook import entries, voyage_folder
+    from executor.storage.files import is_gcs, write_atomic
+
+    found = entries(store, voyage)
+    page = index_html(voyage, found).encode()
+    path = store.path(voyage_folder(voyage), "index.html")
+    gcs = {"content_type": "text/html; charset=utf-8",
+           "fixed_key_metadata": {"cache_control": "no-cache, max-age=0"}}
+    write_atomic(path, page, fs=store.fs, **(gcs if is_gcs(store.fs) else {}))
+    return store.to_url(path)
+
+
+def rewrite_index(store: Any, voyage: str) -> None:
+    """write_index, a warning if it fails: the entries are in, the page is rebuilt at the next one."""
+    import logging
+
+    try:
+        write_index(store, voyage)
+    except Exception as e:
+        logging.getLogger("marin.logbook").warning("logbook: the page of %s not written (%s: %s)", voyage,
+                                                   type(e).__name__, e)

@@ -77,12 +77,14 @@ APPEND = r"""
 import sys, time
 from executor import logbook
 from executor.storage.store import Store
+from executor.views.logbook import write_index
 prefix, start, n, who = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = Store(prefix)
 while time.time() < start:
     time.sleep(0.001)
 for i in range(n):
-    logbook.write_entry(store, "race", logbook.new_entry("note", "race", note=f"{who} {i}"), index=(i == n - 1))
+    logbook.write_entry(store, "race", logbook.new_entry("note", "race", note=f"{who} {i}"))
+write_index(store, "race")
 """
 
 

@@ -23,7 +23,7 @@ import posixpath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from executor.store import Store
+    from executor.storage.store import Store
 
 log = logging.getLogger("marin.alias")
 POINTER = "SERVED"
@@ -40,7 +40,7 @@ def write_alias(store: Store, name: str, dirname: str, attempt_dir: str) -> None
         if store.is_local:
             _symlink(store, name, dirname, attempt_dir)
         else:
-            from executor.files import write_atomic
+            from executor.storage.files import write_atomic
 
             url = store.url(f"{dirname}/{attempt_dir}")
             write_atomic(store.path(alias_path(name), POINTER), (url + "\n").encode(), fs=store.fs)
@@ -55,7 +55,7 @@ def _symlink(store: Store, name: str, dirname: str, attempt_dir: str) -> None:
         raise FileExistsError(f"{link} exists and is not an alias (a symlink); left as it is")
     target = posixpath.relpath(store.path(dirname, attempt_dir), posixpath.dirname(link))
     os.makedirs(posixpath.dirname(link), exist_ok=True)
-    from executor.files import temp_path
+    from executor.storage.files import temp_path
 
     tmp = temp_path(link)  # a leftover (a crash right here) is a temporary --gc removes
     os.symlink(target, tmp)
