@@ -327,7 +327,7 @@ def write_entry(store: Store, voyage: str, entry: dict[str, Any], *, previous: b
             entry["previous"] = before[0]
     name = entry_name(entry.get("time", time.time()), entry.get("host"), entry.get("pid"))
     rel = f"{log_folder(voyage)}/{name}"
-    data = json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False, default=repr).encode()
+    data = json.dumps(entry, separators=(",", ":"), allow_nan=False, default=repr).encode()  # fields in order
     fs = store.fs
     options = {"content_type": "application/json"} if is_gcs(fs) else {}
     if store.is_local:

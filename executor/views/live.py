@@ -49,6 +49,9 @@ class LivePage:
         self.folder = f"voyages/{_safe(voyage)}/{run}"
         self.url = f"{self.store.url(self.folder)}/{PAGE}"
         self._title = f"{voyage}: voyage {run}"
+        local = self.store.is_local and self.store.prefix.startswith("/") and self.store.prefix != "/"
+        self._local_prefixes = sorted({json.dumps(self.store.prefix)[1:-1].encode(), self.store.prefix.encode()},
+                                      key=len, reverse=True) if local else []
         # Records of existing outputs are read by the writer thread, not before the run starts.
         self._data = graph.draw(plan, title=voyage, records=False).to_json()
         self._records_to_read = any(d.status is not None for d in plan.decisions)
@@ -84,8 +87,16 @@ class LivePage:
 
     def _render_plan(self) -> None:
         head, tail = html.page_parts(self._data, self._title, live=True)
-        self._head, self._tail = head.encode(), tail.encode()
-        self._plan_json = json.dumps(self._data, separators=(",", ":"), allow_nan=False).encode()
+        self._head, self._tail = self._relative(head.encode()), tail.encode()
+        self._plan_json = self._relative(json.dumps(self._data, separators=(",", ":"), allow_nan=False).encode())
+
+    def _relative(self, data: bytes) -> bytes:
+        """`data` with the prefix's local path made relative to the page (`../../..`): a page
+        published, copied or served names no folder of the machine it ran on, and its paths
+        lead to the prefix it is in (the steps' paths, and what records name under the prefix)."""
+        for old in self._local_prefixes:
+            data = data.replace(old + b"/", b"../../../").replace(b'"' + old + b'"', b'"../../.."')
+        return data
 
     # -- the listener ---------------------------------------------------------------------------
     def __call__(self, outcome: Outcome) -> None:
@@ -284,8 +295,9 @@ class LivePage:
     def _write(self) -> None:
         t0 = time.perf_counter()
         run = self.run_json()
-        run_bytes = html.script_json(run).encode()
-        data = b'{"plan":' + self._plan_json + b',"run":' + json.dumps(run, separators=(",", ":")).encode() + b"}"
+        run_bytes = self._relative(html.script_json(run).encode())
+        data = (b'{"plan":' + self._plan_json + b',"run":' + self._relative(json.dumps(run, separators=(",", ":")).encode())
+                + b"}")
         self._put(DATA, data, "application/json")
         head = self._head.replace(b"</header>\n", b"</header>\n" + self._cards_nav(), 1)  # the model cards' links
         self._put(PAGE, head + run_bytes + self._tail, "text/html; charset=utf-8")

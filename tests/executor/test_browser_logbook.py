@@ -88,3 +88,69 @@ def test_the_logbook_index_and_run_pages_link_only_what_the_site_serves(laptop_v
             assert errors == []
         finally:
             browser.close()
+
+
+def _serve(folder):
+    handler = functools.partial(_Quiet, directory=folder)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _follow(tab, start, served, local):
+    """Every link of `start`, followed: each answers 200, none absolute or local."""
+    html = tab.content()
+    assert not [p for p in local if p in html]
+    hrefs = tab.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
+    for href in hrefs:
+        assert "://" not in href and not href.startswith(("/", "file:")), href
+        target = urljoin(start, href)
+        assert target.startswith(served), href
+        assert tab.request.get(target).status == 200, href
+    return hrefs
+
+
+def test_three_runs_of_a_small_voyage_in_the_log_and_on_the_index_page(tmp_path, capsys):
+    """Run plainly; then with a config change and a step that fails on purpose; then fixed, with a
+    note: `--log` lists the three with the config difference, the failure class and the note, and
+    the index page shows them in headless Chromium, every link served."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from playwright.sync_api import sync_playwright
+    from test_logbook import VOYAGE, run_and_log
+
+    from executor import cli
+
+    prefix = str(tmp_path / "out")
+    run_and_log(prefix)
+    run_and_log(prefix, value="B", fail=True)
+    run_and_log(prefix, value="B", note="abc fixed: it no longer fails on purpose")
+    assert cli.main([VOYAGE, "--prefix", prefix, "--log"]) == 0
+    third, second, first = capsys.readouterr().out.strip().splitlines()
+    assert "ran 6" in first and "config" not in first
+    assert "failed: join/abc (" in second and "config: value A -> B; fail false -> true" in second
+    assert "note: abc fixed" in third and "config: fail true -> false" in third and "ran 1" in third
+    server, served = _serve(prefix)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                tab = browser.new_page(viewport={"width": 1200, "height": 1400})
+                errors = []
+                tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                index = urljoin(served, "voyages/logbook_voyage/index.html")
+                assert tab.goto(index).status == 200
+                assert tab.locator("section.entry").count() == 3
+                assert tab.locator(".failure .class").count() == 1 and "abc fixed" in tab.locator(".note").inner_text()
+                assert tab.locator("table.diff").count() == 2 and tab.locator("#loss-chart polyline").count() == 2
+                hrefs = _follow(tab, index, served, [str(tmp_path)])
+                assert any(h.endswith(".step.json") for h in hrefs) and any(h.endswith("/") for h in hrefs)
+                os.makedirs(ARTIFACTS, exist_ok=True)
+                tab.screenshot(path=os.path.join(ARTIFACTS, "logbook-three-runs.png"), full_page=True)
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
