@@ -213,7 +213,7 @@ def index_html(voyage: str, found: list[dict[str, Any]]) -> str:
     body = "".join(_entry_html(e) for e in found) or '<p class="none">no entries yet</p>'
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-            "img-src 'self' data:\">"
+            "img-src data:\"><link rel=\"icon\" href=\"data:,\">"
             f"<title>{html.escape(voyage)}: logbook</title><style>{STYLE}</style></head><body>"
             f"<h1>{html.escape(voyage)}: logbook</h1>"
             f"<p>{len(found):,} entries: {runs:,} runs, {notes:,} notes. Newest first.</p>"

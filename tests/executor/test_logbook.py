@@ -13,32 +13,12 @@ import uuid
 from html.parser import HTMLParser
 from urllib.parse import unquote
 
-import pytest
+from kits.logkit import NAME, ROOT, VOYAGE, run_and_log
+from kits.vizkit import run_inline
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from vizkit import run_inline, small_voyage  # noqa: E402
-
-from executor import cli, logbook  # noqa: E402
-from executor.storage.store import Store  # noqa: E402
-from executor.views.logbook import line  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-VOYAGE = os.path.join(HERE, "logbook_voyage.py")
-NAME = "logbook_voyage"
-
-
-def run_and_log(prefix, *, fail=False, value="A", note=None):
-    """A run of the small voyage (inline, through the real runner and worker) and its entry, as
-    `api.run_plan` writes it."""
-    plan, summary = run_inline(small_voyage(fail=fail, value=value), prefix)
-    config = {"value": value, "fail": fail}
-    rel = logbook.record_run(plan, summary, NAME, extra={"config": config, "note": note,
-                                                        "flags": {"rerun": [], "only": [], "downstream": False}})
-    assert rel is not None
-    return plan, summary, rel
-
+from executor import cli, logbook
+from executor.storage.store import Store
+from executor.views.logbook import line
 
 def test_an_entry_says_what_ran_failed_and_why_and_the_config_difference(tmp_path):
     prefix = str(tmp_path / "out")
@@ -197,7 +177,7 @@ def test_an_alias_points_at_the_committed_attempt_and_follows_a_rerun(tmp_path):
     no plan)."""
     from executor import Step, step_type
     from executor.plan import Selection
-    from vizkit import Make
+    from kits.vizkit import Make, replan
 
     @step_type(version="1", name="logbook_aliased", alias=True)
     def aliased(config: Make, ctx) -> None:
@@ -220,6 +200,4 @@ def test_an_alias_points_at_the_committed_attempt_and_follows_a_rerun(tmp_path):
     assert second != first and second.rpartition("/")[2].startswith("0002-")
     os.remove(os.path.join(moved, "export", "tiny"))
     os.symlink("nowhere", os.path.join(moved, "export", "tiny"))
-    from vizkit import replan
-
     assert replan(steps, moved)["export/tiny"].state.value == "CACHED"

@@ -1,13 +1,10 @@
 """A voyage for the logbook's CLI tests: vizkit's small voyage (a, b -> ab -> abc; ab -> model, a
-trainer; lone), with its value and a failure on purpose as config fields."""
+trainer; lone), with its value and a failure on purpose as config fields (kits.logkit runs it
+inline, as `marin-run` would, and writes its log entry)."""
 
-import os
-import sys
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import vizkit  # noqa: E402
+from kits import vizkit
 
 
 @dataclass(frozen=True)

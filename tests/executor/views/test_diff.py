@@ -11,7 +11,7 @@ import pytest
 
 from executor import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
 

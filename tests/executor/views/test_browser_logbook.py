@@ -12,7 +12,7 @@ from urllib.parse import urljoin, urlparse
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ARTIFACTS = os.path.join(ROOT, ".artifacts", "browser")
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -48,9 +48,10 @@ def test_the_logbook_index_and_run_pages_link_only_what_the_site_serves(laptop_v
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             tab = browser.new_page(viewport={"width": 1200, "height": 1400})
-            errors = []
+            errors, missing = [], []
             tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
             assert tab.goto(index).status == 200
             assert tab.locator("section.entry").count() >= 1
             assert tab.locator("#loss-chart polyline").count() >= 2  # pretrain and midtrain of the run
@@ -85,7 +86,9 @@ def test_the_logbook_index_and_run_pages_link_only_what_the_site_serves(laptop_v
                         pages.append(target)
             assert run_pages  # the run's live page, linked from the index
             assert any(t.endswith("/.step.json") for t in followed)
-            assert errors == []
+            # what the browser asked for by itself: the run pages name no icon (the index does)
+            assert {urlparse(u).path for u in missing} <= {"/favicon.ico"}, missing
+            assert [e for e in errors if not e.startswith("Failed to load resource")] == [], errors
         finally:
             browser.close()
 
@@ -114,11 +117,8 @@ def test_three_runs_of_a_small_voyage_in_the_log_and_on_the_index_page(tmp_path,
     """Run plainly; then with a config change and a step that fails on purpose; then fixed, with a
     note: `--log` lists the three with the config difference, the failure class and the note, and
     the index page shows them in headless Chromium, every link served."""
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kits.logkit import VOYAGE, run_and_log
     from playwright.sync_api import sync_playwright
-    from test_logbook import VOYAGE, run_and_log
 
     from executor import cli
 
@@ -139,6 +139,7 @@ def test_three_runs_of_a_small_voyage_in_the_log_and_on_the_index_page(tmp_path,
                 tab = browser.new_page(viewport={"width": 1200, "height": 1400})
                 errors = []
                 tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                tab.on("response", lambda r: errors.append(r.url) if r.status >= 400 else None)
                 index = urljoin(served, "voyages/logbook_voyage/index.html")
                 assert tab.goto(index).status == 200
                 assert tab.locator("section.entry").count() == 3
