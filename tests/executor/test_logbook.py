@@ -201,3 +201,18 @@ def test_an_alias_points_at_the_committed_attempt_and_follows_a_rerun(tmp_path):
     os.remove(os.path.join(moved, "export", "tiny"))
     os.symlink("nowhere", os.path.join(moved, "export", "tiny"))
     assert replan(steps, moved)["export/tiny"].state.value == "CACHED"
+
+
+def test_gc_yes_writes_an_entry_with_the_bytes_it_deleted(tmp_path, capsys):
+    prefix = str(tmp_path / "out")
+    run_and_log(prefix)
+    run_and_log(prefix, value="B")  # data/a, join/ab, join/abc and model of value A are now unreached
+    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc"]) == 0  # a listing: no entry
+    assert len(logbook.entries(Store(prefix), NAME)) == 2
+    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc", "--yes", "--note", "old A outputs"]) == 0
+    out = capsys.readouterr().out
+    deleted = int(re.search(r"\(([\d,]+) bytes\)", out).group(1).replace(",", ""))
+    newest = logbook.entries(Store(prefix), NAME)[0]
+    assert newest["kind"] == "gc" and newest["note"] == "old A outputs"
+    assert newest["gc"]["bytes"] == deleted > 0 and newest["gc"]["items"] >= 4
+    assert f"gc deleted {deleted:,} bytes" in line(newest)
