@@ -216,3 +216,14 @@ def test_gc_yes_writes_an_entry_with_the_bytes_it_deleted(tmp_path, capsys):
     assert newest["kind"] == "gc" and newest["note"] == "old A outputs"
     assert newest["gc"]["bytes"] == deleted > 0 and newest["gc"]["items"] >= 4
     assert f"gc deleted {deleted:,} bytes" in line(newest)
+
+
+def test_on_an_object_store_the_alias_is_a_pointer_to_the_attempt(gcs_emulator):
+    from executor.storage.alias import POINTER, write_alias
+
+    prefix = f"gs://marin-test/alias-{uuid.uuid4().hex[:8]}"
+    store = Store(prefix)
+    write_alias(store, "export/tiny", "export/tiny-0123456789", ".attempts/0001-abcdef01")
+    write_alias(store, "export/tiny", "export/tiny-0123456789", ".attempts/0002-abcdef02")  # the next commit
+    pointer = store.fs.cat_file(store.path("export/tiny", POINTER)).decode()
+    assert pointer == f"{prefix}/export/tiny-0123456789/.attempts/0002-abcdef02\n"
