@@ -15,6 +15,8 @@ import json
 from typing import Any, TextIO
 
 CHART_W, CHART_H, PAD = 760, 280, 44
+PAGE_ENTRIES = 100  # the newest entries the page shows (all of them: `marin-run VOYAGE --log`)
+CHART_RUNS = 20  # the newest runs whose loss curves the chart draws
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
            "#bcbd22")
 
@@ -101,7 +103,8 @@ def _link(href: str, text: str) -> str:
 def chart(found: list[dict[str, Any]]) -> str:
     """One SVG of every run's loss curves (by tokens where the trainer logs them, else by step)."""
     curves = []
-    for entry in reversed(found):  # oldest first: colours follow the order of the runs
+    with_curves = [e for e in found if any(r.get("loss") for r in (e.get("steps") or {}).values())][:CHART_RUNS]
+    for entry in reversed(with_curves):  # oldest first: colours follow the order of the runs
         for name, row in (entry.get("steps") or {}).items():
             points = row.get("loss")
             if points:
@@ -206,18 +209,22 @@ table.diff{border-collapse:collapse}table.diff td,table.diff th{border:1px solid
 .legend{list-style:none;padding:0;font-size:12px;columns:2}svg text{font-size:11px;fill:#555}"""
 
 
-def index_html(voyage: str, found: list[dict[str, Any]]) -> str:
-    """The voyage's index page from its entries (newest first)."""
+def index_html(voyage: str, found: list[dict[str, Any]], total: int | None = None) -> str:
+    """The voyage's index page from its newest entries (newest first); `total`: entries in the log."""
+    total = len(found) if total is None else total
     runs = sum(1 for e in found if e.get("kind") == "run")
     notes = sum(1 for e in found if e.get("note"))
     body = "".join(_entry_html(e) for e in found) or '<p class="none">no entries yet</p>'
+    shown = (f"{total:,} entries, the newest {len(found):,} here ({runs:,} runs, {notes:,} notes; every one: "
+             f"<code>marin-run {html.escape(voyage)}.py --log</code>)" if total > len(found)
+             else f"{total:,} entries: {runs:,} runs, {notes:,} notes")
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
             "img-src data:\"><link rel=\"icon\" href=\"data:,\">"
             f"<title>{html.escape(voyage)}: logbook</title><style>{STYLE}</style></head><body>"
             f"<h1>{html.escape(voyage)}: logbook</h1>"
-            f"<p>{len(found):,} entries: {runs:,} runs, {notes:,} notes. Newest first.</p>"
-            f"<h2>loss, every run</h2>{chart(found)}{body}</body></html>\n")
+            f"<p>{shown}. Newest first.</p>"
+            f"<h2>loss, the newest {CHART_RUNS} runs that trained</h2>{chart(found)}{body}</body></html>\n")
 
 
 def write_index(store: Any, voyage: str) -> str:
@@ -225,8 +232,11 @@ def write_index(store: Any, voyage: str) -> str:
     from executor.logbook import entries, voyage_folder
     from executor.storage.files import is_gcs, write_atomic
 
-    found = entries(store, voyage)
-    page = index_html(voyage, found).encode()
+    from executor.logbook import entry_names
+
+    names = entry_names(store, voyage)  # one listing; only the newest entries are read
+    found = entries(store, voyage, names[-PAGE_ENTRIES:])
+    page = index_html(voyage, found, total=len(names)).encode()
     path = store.path(voyage_folder(voyage), "index.html")
     gcs = {"content_type": "text/html; charset=utf-8",
            "fixed_key_metadata": {"cache_control": "no-cache, max-age=0"}}
