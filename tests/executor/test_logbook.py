@@ -68,7 +68,7 @@ write_index(store, "race")
 """
 
 
-def _append_at_once(prefix, n=12):
+def _append_at_once(prefix, n=8):
     """Two executors (processes) append `n` entries each, starting at the same instant."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     start = time.time() + 2.0
@@ -93,7 +93,7 @@ def test_two_executors_append_at_once_on_gcs_and_lose_none(gcs_emulator):
 
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs_emulator, token="anon")
     page = fs.cat_file(f"{prefix[5:]}/voyages/race/index.html").decode()
-    assert page.count('<section class="entry">') >= 12  # written by the last of each writer
+    assert page.count('<section class="entry">') >= 8  # written by the last of each writer
 
 
 def _cli(*args, capsys):
