@@ -52,7 +52,8 @@ def line(entry: dict[str, Any]) -> str:
     parts = [entry.get("when", "?"), entry.get("who", "?"), commit_text(entry), entry.get("kind", "?")]
     counts = entry.get("counts") or {}
     if entry.get("kind") == "run":
-        parts.append(", ".join(f"{k} {counts[k]}" for k in ("ran", "cached", "failed", "blocked") if counts.get(k))
+        parts.append(", ".join(f"{k} {counts[k]}" for k in ("ran", "cached", "failed", "blocked", "skipped")
+                               if counts.get(k))
                      or "no steps")
     flags = entry.get("flags") or {}
     shown = [f"--rerun {' '.join(flags['rerun'])}" if flags.get("rerun") else "",

@@ -144,8 +144,17 @@ def test_run_cached_rerun_and_failure_exit_codes(tmp_path, capsys, ray_local):
     assert report.startswith("| word | count | share |")
     code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2"], capsys)
     assert code == 0 and "CACHED 6" in out and "nothing to run" in out
-    code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2", "--rerun", "hello/merge"], capsys)
+    code, out, _ = run_cli([HELLO, "--prefix", prefix, "--n_files", "2", "--rerun", "hello/merge", "--note", "why"],
+                           capsys)
     assert code == 0 and "RERUN 1" in out and "SUCCESS 1" in out
+    # the log (docs/logbook.md): the two runs that ran steps, the second with its flags and note
+    from executor.logbook import entries
+    from executor.storage.store import Store
+
+    second, first = entries(Store(prefix), "hello")
+    assert first["counts"] == {"ran": 6} and first["flags"]["overrides"] == ["--n_files", "2"]
+    assert second["flags"]["rerun"] == ["hello/merge"] and second["note"] == "why"
+    assert second["steps"]["hello/merge"]["state"] == "ran" and second["config_diff"] == []
     failing = write_voyage(tmp_path, VOYAGE_HEAD + """
 @step_type(version="1")
 def boom(config: C, ctx):
@@ -156,6 +165,8 @@ def voyage(config: Cfg):
 """, name="failing.py")
     code, out, _ = run_cli([failing, "--prefix", prefix], capsys)
     assert code == 1 and "FAILED" in out and "ValueError: no good" in out and ".step.json" in out
+    failed = entries(Store(prefix), "failing")[0]["steps"]["boom"]
+    assert failed["state"] == "failed" and failed["failure"] and "ValueError: no good" in failed["stack"]
 
 
 # -- issue 13, item 9: exact flags, bad values refused in one line, nothing written -------------------
