@@ -185,7 +185,7 @@ def step_outcomes(plan: Plan, summary: RunSummary | None) -> dict[str, dict[str,
             if outcome.seconds is not None:
                 row["seconds"] = round(outcome.seconds, 3)
             if what in ("failed", "blocked"):
-                row["error"] = _excerpt(outcome.error or outcome.reason or "", 500)
+                row["error"] = scrub(_excerpt(outcome.error or outcome.reason or "", 500), store)
             if outcome.failure and what == "failed":
                 row["failure"] = outcome.failure
         if what in ("ran", "failed", "cached"):
@@ -221,7 +221,7 @@ def _attempt_folders(plan: Plan, out: dict[str, dict[str, Any]], names: list[str
                 record = None
             if record is not None and record.attempts:
                 last = record.attempts[-1]
-                row["stack"] = _tail(last.traceback or "", STACK_LINES)
+                row["stack"] = scrub(_tail(last.traceback or "", STACK_LINES), store)
                 row.setdefault("failure", last.failure)
                 row["record"] = f"{status.data_dir(dirname)}/.step.json"
         elif served is not None:
@@ -281,6 +281,28 @@ def _loss_curve(store: Store, folder: str) -> list[list[float]] | None:
         stride = -(-len(points) // CURVE_POINTS)
         points = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
     return points or None
+
+
+_FILE_RE = re.compile(r'File "([^"]+)"')
+
+
+def scrub(text: str, store: Store | None = None) -> str:
+    """A traceback or message without this machine's folders (entries are published with the
+    prefix): a source file by its path in the checkout (else its name), the prefix as `<prefix>`."""
+    from executor import environment
+
+    root = environment.code_root().rstrip("/") + "/"
+
+    def short(m: re.Match) -> str:
+        path = m.group(1)
+        if path.startswith(root):
+            return f'File "{path[len(root):]}"'
+        return f'File "{os.path.basename(path)}"' if os.path.isabs(path) else m.group(0)
+
+    text = _FILE_RE.sub(short, text)
+    if store is not None and store.is_local and store.prefix.startswith("/") and store.prefix != "/":
+        text = text.replace(store.prefix, "<prefix>")
+    return text
 
 
 def _tail(text: str, lines: int) -> str:

@@ -155,3 +155,49 @@ def test_three_runs_of_a_small_voyage_in_the_log_and_on_the_index_page(tmp_path,
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.slow_tier
+def test_the_laptop_voyage_three_times_in_the_log_and_on_its_page(laptop_voyage, laptop_copy, tmp_path, capsys,
+                                                                   monkeypatch, ray_local):
+    """The laptop voyage (the session's run, then plainly with a check step added), then with a
+    config change (the card's title) and the check failing on purpose, then fixed, with a note: `--log` lists the three with the config difference,
+    the failure class and the note; the page shows them in headless Chromium, every link served."""
+    from playwright.sync_api import sync_playwright
+
+    from executor import cli
+
+    monkeypatch.setenv("MARIN_LOGBOOK_ROOT", laptop_voyage.root)
+    monkeypatch.chdir(laptop_voyage.root)  # the bundled corpus is named by repository-relative paths
+    voyage = str(tmp_path / "535b.py")
+    shutil.copy(os.path.join(ROOT, "tests", "kits", "laptop_logbook.py"), voyage)
+    args = [voyage, *laptop_voyage.args, "--prefix", laptop_copy]
+    assert cli.main(args) == 0  # plainly: the check step is new; the rest is the session's run, cached
+    assert cli.main([*args, "--title", "tried a title", "--fail_check"]) == 1
+    assert cli.main([*args, "--title", "a better title", "--note", "the check passes again: it was the flag"]) == 0
+    capsys.readouterr()
+    assert cli.main([voyage, "--prefix", laptop_copy, "--log"]) == 0
+    third, second, first, session = capsys.readouterr().out.strip().splitlines()
+    assert "ran 16" in session and "ran 1, cached 16" in first and "config" not in first  # the session's has none
+    assert "failed: check/laptop (" in second and "ran 1, cached 15, failed 1" in second  # the card ran
+    assert "title -> tried a title" in second and "fail_check false -> true" in second
+    assert "note: the check passes again" in third and "fail_check true -> false" in third
+    assert "title tried a title -> a better title" in third and "ran 1, cached 16" in third
+    server, served = _serve(laptop_copy)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                tab = browser.new_page(viewport={"width": 1200, "height": 1400})
+                index = urljoin(served, "voyages/535b/index.html")
+                assert tab.goto(index).status == 200
+                assert tab.locator("section.entry").count() == 4 and tab.locator(".failure .class").count() == 1
+                assert "RuntimeError" in tab.locator(".failure pre").inner_text()
+                _follow(tab, index, served, [laptop_copy, laptop_voyage.ran_at, str(tmp_path)])
+                os.makedirs(ARTIFACTS, exist_ok=True)
+                tab.screenshot(path=os.path.join(ARTIFACTS, "logbook-laptop-three-runs.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
