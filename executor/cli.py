@@ -117,7 +117,7 @@ def _add_logbook_flags(p: argparse.ArgumentParser) -> None:
                    help="the reason for this run, kept in its log entry; with nothing to run, a note-only entry")
     p.add_argument("--log", action="store_true",
                    help="print the voyage's log, one line per run, --gc --yes or note, newest first; run nothing")
-    p.add_argument("--path", metavar="STEP [FILE]", nargs="+",
+    p.add_argument("--path", metavar=("STEP", "FILE"), nargs="+",
                    help="print where step STEP's output (or FILE in it) is served: its committed attempt; run nothing")
     p.add_argument("--diff", metavar="REV",
                    help="plan the voyage as of git revision REV against the working tree: which steps change "
