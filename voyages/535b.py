@@ -852,11 +852,11 @@ def costs(config: VoyageConfig) -> dict[str, dict[str, object]]:
     scale = scale_of(full)
     plan = plan_of(full)[0].plan
     per_step = scale.batch_size * scale.seq_len
-    name = "laptop" if config.laptop else "535b-a23b"
+    name, at = run_name(config), run_name(full)
     out: dict[str, dict[str, object]] = {}
     if not config.laptop:
         out.update({s.name: {"core_hours": s.core_hours} for s in data_plan_of(full).steps})
     for stage, tokens in (("pretrain", scale.pretrain_tokens), ("midtrain", scale.midtrain_tokens)):
         out[f"{stage}/{name}"] = {"gpu_hours": tokens / per_step * plan.time.total * plan.ranks / 3600,
-                                  "at": f"{stage}/535b-a23b"}
+                                  "at": f"{stage}/{at}"}
     return out
