@@ -47,6 +47,19 @@ from torch import Tensor
 from steps.moe.model import MoE, _Dispatch, _recomputing, expert_ffn, expert_layout, local_weight
 
 
+def all_gather_rows(x: Tensor, group) -> Tensor:
+    """Every rank's `x` stacked along dim 0 (a functional collective; wait with wait_tensor).
+    `all_gather_single` is torch 2.13's name; older torch (the H200 device's 2.11) lacks it, and
+    this falls back to the op under it, `_c10d_functional.all_gather_into_tensor` (torch >= 2.2),
+    not to a Python wrapper whose name also moved between versions."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as fc
+
+    if hasattr(fc, "all_gather_single"):
+        return fc.all_gather_single(x, 0, group)
+    return torch.ops._c10d_functional.all_gather_into_tensor(x, dist.get_world_size(group), group.group_name)
+
+
 class AllToAllExperts:
     """The routed-expert path of `MoE` when its expert weights are `Shard(0)` over `group`."""
 
@@ -113,10 +126,9 @@ class AllToAllExperts:
         for its experts [P, e]) with no rank receiving more than `capacity` rows: every rank's
         counts all-gathered, and the same floor(count * C / R) cut computed everywhere."""
         import torch.distributed as dist
-        from torch.distributed._functional_collectives import all_gather_single
 
         P, e = self.size, self.per_rank
-        every = all_gather_single(counts_E.to(torch.int64).contiguous(), 0, self.group)
+        every = all_gather_rows(counts_E.to(torch.int64).contiguous(), self.group)
         every_SDe = torch.ops._c10d_functional.wait_tensor(every).view(P, P, e)  # source, destination, expert
         offered_D = every_SDe.sum((0, 2))
         keep_SDe = torch.where((offered_D > capacity).view(1, P, 1),
