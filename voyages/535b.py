@@ -834,7 +834,9 @@ def run_summary(config: VoyageConfig) -> str:
                     measured_note=(f"measured: the {m.n_layers}-layer model built on meta and sharded by "
                                    f"steps.train.parallel in a fake process group of {r.world} ranks "
                                    f"({r.seconds:.1f} s); one global and one windowed block and the head traced "
-                                   f"under FakeTensorMode at the micro-batch ({measured.trace_seconds:.1f} s)")),
+                                   f"under FakeTensorMode at the micro-batch ({measured.trace_seconds:.1f} s)"
+                                   + "".join(f"\n  passed over, faster but over measured: {p}"
+                                             for p in measured.passed_over))),
         "  " + describe_anchor(),
         "",
         format_data_plan(data_plan_of(config)),

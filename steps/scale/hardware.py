@@ -36,9 +36,7 @@ class Hardware:
     link_efficiency: float = 0.8  # share of a link's rate a collective reaches (bus bandwidth)
     collective_latency_us: float = 20.0  # fixed cost of one collective call
     cuda_context_gb: float = 1.5  # CUDA context, kernels' modules and cuBLAS / cuDNN workspaces (assumed)
-    # NCCL's own buffers: a communicator a mesh dimension (dp_shard, ep, dp_replicate), each with
-    # channels of NCCL_BUFFSIZE (4 MiB) per peer and protocol; the two 64-rank ones dominate (assumed)
-    nccl_buffers_gb: float = 2.5
+    # NCCL's own buffers: steps/scale/memory.py nccl_bytes, from NCCL's documented sizes
 
     @property
     def hbm_bytes(self) -> float:
@@ -78,13 +76,27 @@ class Hardware:
             f"network {self.network_gbits:g} Gb/s between racks; NVLink-C2C {self.host_link_gbps:g} GB/s to "
             f"a Grace, shared by its {self.gpus_per_host} GPUs ({self.host_gb:g} GB host memory a GPU); collectives "
             f"reach {self.link_efficiency:.0%} of a link, +{self.collective_latency_us:g} us a call; "
-            f"{self.cuda_context_gb:g} GB a GPU for the CUDA context and cuBLAS, {self.nccl_buffers_gb:g} GB for "
-            f"NCCL's buffers",
+            f"{self.cuda_context_gb:g} GB a GPU for the CUDA context and cuBLAS; NCCL's buffers from its "
+            f"documented sizes (NCCL_BUFFSIZE {NCCL_BUFFSIZE >> 20} MiB a channel a connection, "
+            f"{NCCL_P2P_CHANNELS_PER_PEER} channels a point-to-point peer, up to {NCCL_CHANNELS} channels a "
+            f"communicator's ring, each with its LL and LL128 buffers)",
             f"host: one Grace per {self.gpus_per_host} GPUs, {self.host_mem_gbps:g} GB/s LPDDR5X (host traffic is "
             f"bound by the shared C2C or the shared LPDDR5X, whichever is slower); torch's CPU AdamW "
             f"reaches {HOST_ADAM_EFFICIENCY:.0%} of a memory-bound update (measured on x86: bench/plan_535b.py "
             f"--host-adam); pinned optimizer state under {self.host_limit:.0%} of the host memory a GPU",
         ]
+
+
+# NCCL's buffers (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html): NCCL_BUFFSIZE,
+# the SIMPLE protocol's buffer a channel and connection, 4 MiB by default; point-to-point traffic
+# (an all-to-all is one send and one receive a peer) opens NCCL_NCHANNELS_PER_NET_PEER channels a
+# peer, 2 by default, SIMPLE only; a ring or tree collective up to NCCL_MAX_NCHANNELS channels,
+# taken as 32 (assumed: all of them on NVLink), each connection with the LL (512 KiB) and LL128
+# (4.7 MiB) buffers beside SIMPLE's (NCCL's compiled-in sizes; assumed, not documented).
+NCCL_BUFFSIZE = 4 * 2**20
+NCCL_P2P_CHANNELS_PER_PEER = 2
+NCCL_CHANNELS = 32
+NCCL_CONNECTION_BYTES = NCCL_BUFFSIZE + 4.7 * 2**20 + 0.5 * 2**20  # SIMPLE + LL128 + LL
 
 
 GB200_NVL72 = Hardware()

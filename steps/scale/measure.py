@@ -11,6 +11,7 @@ allocates; `to_local()` of a rank past the end is shorter (tests build rank 0 an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 
 from executor import VoyageError
 from steps.scale import memory as mem
+from steps.scale.hardware import GIB
 from steps.scale.plan import (Activations, Choice, Plan, Setup, estimate, layer_kinds, pick, shortfall,
                               with_measurement)
 from steps.scale.trace import fake_world, trace_block, trace_head
@@ -113,6 +115,7 @@ class Measured:
     formula: Plan
     reading: ShardReading
     trace_seconds: float
+    passed_over: tuple[str, ...] = ()  # faster choices whose measured figures did not fit (plan_for)
 
 
 @functools.lru_cache(maxsize=8)
@@ -129,12 +132,25 @@ def measure(setup: Setup, choice: Choice) -> Measured:
 
 @functools.lru_cache(maxsize=8)
 def plan_for(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
-             checkpointing: str = "auto", offload: str = "auto") -> tuple[Measured, tuple[Plan, ...]]:
+             checkpointing: str = "auto", offload: str = "auto",
+             tries: int = 4) -> tuple[Measured, tuple[Plan, ...]]:
     """The search's choice for the fields given (steps.scale.plan.pick), measured; and the
-    alternatives. A VoyageError when nothing divides or fits, or when the measured figures do
-    not fit where the closed form did. Cached: a voyage and its summary plan once."""
+    alternatives. When the measured figures do not fit where the closed form did, the next
+    alternative by step time is measured instead (up to `tries` in all; `Measured.passed_over`
+    names the ones that missed). A VoyageError when nothing divides or fits, or when none of the
+    tries fits measured. Cached: a voyage and its summary plan once."""
     chosen, alternatives = pick(setup, dp_replicate, dp_shard, ep, microbatch, checkpointing, offload)
-    measured = measure(setup, chosen.choice)
-    if not measured.plan.fits:
-        raise VoyageError(shortfall(measured.plan, "measured, the search's choice"))
-    return measured, tuple(alternatives)
+    order = [chosen, *sorted((p for p in alternatives if p.choice != chosen.choice and p.fits),
+                             key=lambda p: p.time.total)]
+    missed: list[Measured] = []
+    for plan in order[:tries]:
+        measured = measure(setup, plan.choice)
+        if measured.plan.fits:
+            if missed:
+                measured = dataclasses.replace(measured, passed_over=tuple(
+                    f"{m.plan.choice.describe()}: {m.plan.peak / GIB:.2f} GiB measured, {m.plan.verdict()}"
+                    for m in missed))
+            return measured, tuple(p for p in alternatives if p.choice != plan.choice or p is plan)
+        missed.append(measured)
+    raise VoyageError(shortfall(missed[0].plan, "measured, the search's choice") +
+                      (f"; the next {len(missed) - 1} by step time did not fit measured either" if len(missed) > 1 else ""))

@@ -20,6 +20,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from steps.scale.hardware import NCCL_BUFFSIZE, NCCL_CHANNELS, NCCL_CONNECTION_BYTES, NCCL_P2P_CHANNELS_PER_PEER
+
 MODES = ("none", "selective", "full")
 BF16, FP32, I64 = 2, 4, 8
 
@@ -211,3 +213,13 @@ def imbalance_bytes(cfg: Any, t: Tokens, mode: str, load_mean: float, load_peak:
     kept = max(0.0, load_mean - 1) * t.N * cfg.n_layers * kept_row
     working = max(0.0, load_peak - 1) * t.N * 4 * D
     return int(BF16 * (kept + working))
+
+
+def nccl_bytes(mesh: Mesh) -> tuple[float, float]:
+    """(the expert all-to-all's point-to-point buffers, the collectives' ring buffers) NCCL holds
+    on one rank (steps/scale/hardware.py: the documented sizes): every other rank of the ep group
+    a peer, a send and a receive connection each; one communicator a process group of more than
+    one rank (dp_shard, ep and dp_replicate: torch opens one for each), two ring neighbours each."""
+    p2p = (mesh.ep - 1) * 2 * NCCL_P2P_CHANNELS_PER_PEER * NCCL_BUFFSIZE
+    groups = sum(size > 1 for size in (mesh.dp_shard, mesh.ep, mesh.dp_replicate))
+    return float(p2p), float(groups * 2 * NCCL_CHANNELS * NCCL_CONNECTION_BYTES)

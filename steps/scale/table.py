@@ -107,6 +107,44 @@ def anchor_lines(plan: Plan) -> list[str]:
         need = efficiency_for(plan, cal.target_s)
         lines.append(f"    (the anchor's {cal.target_s:.2f} s would need "
                      + (f"{need:.1%} while computing here)" if need else "more than the GPU's peak here)"))
+    if not s.efficiency:
+        lines += anchor_readings_lines(plan)
+    return lines
+
+
+def anchor_readings(plan: Plan) -> list[dict]:
+    """The anchor under each reading of its unpublished checkpointing (ANCHOR_READINGS): its
+    peak through our memory model (its stack as assumed: no fragmentation reserve under XLA's
+    static allocator, the loss over whole logits), the efficiency calibrated on it, and this
+    plan's step at that efficiency."""
+    import dataclasses
+
+    from steps.scale.anchor import ANCHOR_OFFLOAD, ANCHOR_READINGS, calibrate
+    from steps.scale.plan import Choice, estimate
+    from steps.scale.memory import Mesh
+
+    s, a = plan.setup, ANCHOR
+    theirs = dataclasses.replace(s, model=dataclasses.replace(s.model, loss_chunk=s.model.vocab_size),
+                                 fragmentation=0.0, min_margin=0.0, memory_target_gib=s.hardware.hbm_bytes / GIB)
+    out = []
+    for mode, mb in ANCHOR_READINGS:
+        cal = calibrate(s.hardware, s.mfu, s.load_mean, s.context, mode, mb)
+        peak = estimate(theirs, Choice(Mesh(a.dp_replicate, a.dp_shard, a.ep), mb, mode, ANCHOR_OFFLOAD)).peak
+        ours = estimate(dataclasses.replace(s, efficiency=cal.efficiency), plan.choice).time.total
+        out.append({"checkpointing": mode, "microbatch": mb, "anchor_peak_gib": peak / GIB,
+                    "efficiency": cal.efficiency, "step_s": ours, "ratio": ours / cal.target_s})
+    return out
+
+
+def anchor_readings_lines(plan: Plan) -> list[str]:
+    rows = anchor_readings(plan)
+    lines = [f"    the anchor's checkpointing is not published; both readings side by side (its peak by our model, "
+             f"against the published {ANCHOR.peak_gib} GiB):",
+             f"      {'anchor assumed':<40}{'its peak':>10}{'efficiency':>12}{'this plan':>11}{'x anchor':>10}"]
+    for r in rows:
+        what = f"{r['checkpointing']} checkpointing, micro-batch {r['microbatch']}"
+        lines.append(f"      {what:<40}{r['anchor_peak_gib']:>6.1f} GiB{r['efficiency']:>12.1%}{r['step_s']:>9.2f} s"
+                     f"{r['ratio']:>9.2f}x")
     return lines
 
 

@@ -108,7 +108,8 @@ def test_offload_moves_the_state_and_charges_its_traffic():
 
 
 def test_host_memory_is_a_limit_too():
-    tiny_host = dataclasses.replace(FULL, hardware=dataclasses.replace(GB200_NVL72, host_gb=10.0))
+    tiny_host = dataclasses.replace(FULL, hardware=dataclasses.replace(GB200_NVL72, host_gb=10.0),
+                                    memory_target_gib=170.0)  # the GPU's side fits: the host's is what misses
     with pytest.raises(VoyageError, match="needs 62.1 GiB of host memory a GPU, .* more than 75% of the 10 GB"):
         pick(tiny_host, dp_replicate=11, dp_shard=64, ep=64, microbatch=1, checkpointing="selective",
              offload="moments")
