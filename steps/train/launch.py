@@ -146,6 +146,9 @@ def _spawned(rank: int, workers: int, ports: Any, cuda: bool, target: Callable[.
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(workers))
     if cuda:
+        from steps.train.parallel import expandable_segments
+
+        expandable_segments()  # before CUDA starts in this worker
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if cuda else "gloo", store=_rendezvous(rank, workers, ports), rank=rank,
                             world_size=workers)

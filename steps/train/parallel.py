@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -386,8 +387,28 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
+EXPANDABLE = "expandable_segments:True"
+
+
+def expandable_segments() -> str:
+    """Turn on the CUDA caching allocator's expandable segments, which the plan's 5% fragmentation
+    reserve assumes (steps/scale/plan.py FRAGMENTATION; issue 31): PYTORCH_CUDA_ALLOC_CONF gains
+    `expandable_segments:True` unless it names expandable_segments already (a user's setting
+    stands). Read when CUDA starts; if it has started, set through torch's allocator settings
+    too. Returns the setting in force."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" in conf:
+        return conf
+    conf = ",".join(x for x in (conf, EXPANDABLE) if x)
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(EXPANDABLE)
+    return conf
+
+
 def pick_device(choice: str) -> torch.device:
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        expandable_segments()  # before current_device(), which starts CUDA
         index = torch.cuda.current_device() if torch.cuda.is_available() else 0
         return torch.device("cuda", index)
     return torch.device("cpu")

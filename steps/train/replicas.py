@@ -7,7 +7,8 @@ replicas). What each rank holds, for its FSDP2 shard of every parameter (`numel`
 
 - the working parameter FSDP2 gathers each block: in the run's compute dtype (bf16 when the run is
   bf16, so 2 bytes; fp32 otherwise, 4);
-- an fp32 gradient accumulator of the whole shard (4 bytes): FSDP2 reduce-scatters each
+- an fp32 gradient accumulator of the whole shard (4 bytes), allocated with the rest before the
+  first forward: FSDP2 reduce-scatters each
   micro-batch's gradient over dp_shard in fp32; its all-reduce hook (per parameter group, run on
   the fp32 output before FSDP2 casts it to the working dtype) adds each shard into the
   accumulator, and a post-accumulate-grad hook drops FSDP2's cast copy, so gradients are summed
@@ -94,7 +95,11 @@ class ReplicaShards:
         self.names = {p: name for name, p in model.named_parameters()}
         self.params = list(self.names)
         self.bounds = {p: _slice(_local(p).numel(), replicas.size, replicas.index) for p in self.params}
-        self.acc: dict[Tensor, Tensor] = {}  # fp32, padded to R chunks, allocated on first use
+        # fp32, padded to R chunks, allocated here, before the first forward (issue 31): allocated
+        # lazily in the first backward, among the freed activations, they fragment the memory
+        self.acc: dict[Tensor, Tensor] = {
+            p: torch.zeros(chunk * replicas.size, dtype=torch.float32, device=_local(p).device)
+            for p, (_, _, chunk) in self.bounds.items()}
         self.seen: set[Tensor] = set()  # accumulated into this step
         self.grads: dict[Tensor, Tensor] = {}  # this rank's reduced fp32 slice, once the step's backward is done
         self.pending: list[tuple[Tensor, Any, Tensor]] = []
@@ -147,10 +152,7 @@ class ReplicaShards:
             n = _local(p).numel()
             grad = reduced[offset:offset + n]
             offset += size
-            acc = self.acc.get(p)
-            if acc is None:
-                _, _, chunk = self.bounds[p]
-                acc = self.acc[p] = torch.zeros(chunk * self.replicas.size, dtype=torch.float32, device=grad.device)
+            acc = self.acc[p]
             if p in self.seen:
                 acc[:n].add_(grad)
             else:
