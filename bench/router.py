@@ -56,7 +56,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
 from steps.moe import router_kernel  # noqa: E402
-from steps.moe.router import least_traffic, route_fused, route_reference, untied_logits  # noqa: E402
+from steps.moe.router import RENORM_EPS, SCORE_FUNCS, least_traffic, route_fused, route_reference, untied_logits  # noqa: E402
 
 
 def timer(device: str):
@@ -213,8 +213,10 @@ def sweep(E: int, T: int, K: int, sf: str, gen, time_ms, copy: float) -> None:
     def run_ms(bt: int, warps: int, programs: int) -> float:
         def run():
             w, idx, _, lse, _ = router_kernel.router_forward(
-                logits_TE, bias_E, K, sf, True, 1.0, block_t=bt, num_warps=warps, programs=programs)
-            router_kernel.router_backward(logits_TE, lse, idx, dw_TK, dlse_T, dsums_E, sf, True, 1.0,
+                logits_TE, bias_E, K, SCORE_FUNCS[sf], True, 1.0, RENORM_EPS, block_t=bt, num_warps=warps,
+                programs=programs)
+            router_kernel.router_backward(logits_TE, lse, idx, dw_TK, dlse_T, dsums_E, SCORE_FUNCS[sf], True, 1.0,
+                                          RENORM_EPS,
                                           block_t=bt, num_warps=warps)
         return time_ms(run)
 

@@ -24,6 +24,13 @@ SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}  # the kernels' SCORE constexpr
 RENORM_EPS = 1e-20
 
 
+def _score(score_func: str) -> int:
+    """The kernels' SCORE code of a score function (the kernels take it, and RENORM_EPS, as arguments)."""
+    if score_func not in SCORE_FUNCS:
+        raise ValueError(f"score_func must be one of {sorted(SCORE_FUNCS)}, got {score_func!r}")
+    return SCORE_FUNCS[score_func]
+
+
 class RouterOutput(NamedTuple):
     weights_TK: Tensor  # fp32
     indices_TK: Tensor  # int32
@@ -66,7 +73,7 @@ def moe_router(logits_TE: Tensor, bias_E: Tensor, k: int, score_func: str, renor
     """The fused router forward (one Triton kernel); outputs as in RouterOutput."""
     from steps.moe.router_kernel import router_forward
 
-    return router_forward(logits_TE, bias_E, k, score_func, renormalize, scale)
+    return router_forward(logits_TE, bias_E, k, _score(score_func), renormalize, scale, RENORM_EPS)
 
 
 @moe_router.register_fake
@@ -85,7 +92,7 @@ def moe_router_backward(logits_TE: Tensor, lse_T: Tensor, indices_TK: Tensor, dw
     from steps.moe.router_kernel import router_backward
 
     return router_backward(logits_TE, lse_T, indices_TK, dweights_TK, dlse_T, dsums_E,
-                           score_func, renormalize, scale)
+                           _score(score_func), renormalize, scale, RENORM_EPS)
 
 
 @moe_router_backward.register_fake

@@ -39,7 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
-from steps.moe.router import RENORM_EPS, SCORE_FUNCS
+# The score function arrives as the kernels' SCORE code (0 softmax, 1 sigmoid) and the
+# renormalisation's epsilon as an argument: steps/moe/router.py owns both meanings (its
+# SCORE_FUNCS and RENORM_EPS), and this module imports nothing of it (no import circle).
+SCORES = (0, 1)
 
 
 def tile_config(n_tokens: int, n_experts: int, device: torch.device | None = None) -> tuple[int, int]:
@@ -243,12 +246,12 @@ def _router_bwd_kernel(
     tl.store(dlogits_ptr + row_B1 + i_BK, dlk_BK, mask=mask_BK)
 
 
-def _check(logits_TE: torch.Tensor, k: int, score_func: str) -> tuple[int, int]:
+def _check(logits_TE: torch.Tensor, k: int, score: int) -> tuple[int, int]:
     if logits_TE.dtype != torch.float32 or logits_TE.dim() != 2:
         raise ValueError("the router kernel takes 2-D fp32 logits, "
                          f"got {logits_TE.dtype} {tuple(logits_TE.shape)}")
-    if score_func not in SCORE_FUNCS:
-        raise ValueError(f"score_func must be one of {sorted(SCORE_FUNCS)}, got {score_func!r}")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES} (0 softmax, 1 sigmoid), got {score!r}")
     n_tokens, n_experts = logits_TE.shape
     if not 1 <= k <= min(n_experts, chunk_width(n_experts)):
         raise ValueError(f"k={k} must lie in [1, {min(n_experts, chunk_width(n_experts))}]")
@@ -263,14 +266,15 @@ def _shape(logits_TE: torch.Tensor, block_t: int | None, num_warps: int | None):
 
 
 def router_forward(
-    logits_TE: torch.Tensor, bias_E: torch.Tensor, k: int, score_func: str, renormalize: bool,
-    scale: float, *, block_t: int | None = None, num_warps: int | None = None,
+    logits_TE: torch.Tensor, bias_E: torch.Tensor, k: int, score: int, renormalize: bool,
+    scale: float, eps: float, *, block_t: int | None = None, num_warps: int | None = None,
     programs: int | None = None, out: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Returns (weights_TK fp32, indices_TK int32, counts_E int32,
+    """Launch the forward kernel (`score`: 0 softmax, 1 sigmoid; `eps` added to the chosen scores'
+    sum before renormalising). Returns (weights_TK fp32, indices_TK int32, counts_E int32,
     lse_T fp32, score_sums_E fp32). `out` = (weights, indices, lse) lets a test hand in buffers
     pre-filled with sentinels; counts and sums are always zeroed here, since the kernel adds to them."""
-    n_tokens, n_experts = _check(logits_TE, k, score_func)
+    n_tokens, n_experts = _check(logits_TE, k, score)
     logits_TE = logits_TE.contiguous()
     bias_E = bias_E.to(torch.float32).contiguous()
     shape, warps = _shape(logits_TE, block_t, num_warps)
@@ -287,8 +291,8 @@ def router_forward(
     grid = (max(1, min(n_tiles, programs or max_programs(logits_TE.device, warps))),)
     _router_fwd_kernel[grid](
         logits_TE, bias_E, weights_TK, indices_TK, lse_T, counts_E, sums_E,
-        n_tokens, n_tiles, float(scale), RENORM_EPS,
-        E=n_experts, K=k, **shape, SCORE=SCORE_FUNCS[score_func], RENORM=bool(renormalize), num_warps=warps,
+        n_tokens, n_tiles, float(scale), float(eps),
+        E=n_experts, K=k, **shape, SCORE=score, RENORM=bool(renormalize), num_warps=warps,
     )
     return weights_TK, indices_TK, counts_E, lse_T, sums_E
 
@@ -296,12 +300,12 @@ def router_forward(
 def router_backward(
     logits_TE: torch.Tensor, lse_T: torch.Tensor, indices_TK: torch.Tensor,
     dweights_TK: torch.Tensor, dlse_T: torch.Tensor, dsums_E: torch.Tensor,
-    score_func: str, renormalize: bool, scale: float, *, block_t: int | None = None,
+    score: int, renormalize: bool, scale: float, eps: float, *, block_t: int | None = None,
     num_warps: int | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the backward kernel: the gradient of the loss with respect to the fp32 logits,
     given the gradients of the weights, the log-sum-exp and the per-expert score sums."""
-    n_tokens, n_experts = _check(logits_TE, indices_TK.shape[1], score_func)
+    n_tokens, n_experts = _check(logits_TE, indices_TK.shape[1], score)
     k = indices_TK.shape[1]
     shape, warps = _shape(logits_TE, block_t, num_warps)
     dlogits_TE = torch.empty_like(logits_TE) if out is None else out
@@ -310,8 +314,8 @@ def router_backward(
         logits_TE.contiguous(), lse_T.contiguous(), indices_TK.contiguous(),
         dweights_TK.to(torch.float32).contiguous(), dlse_T.to(torch.float32).contiguous(),
         dsums_E.to(torch.float32).contiguous(), dlogits_TE,
-        n_tokens, float(scale), RENORM_EPS,
+        n_tokens, float(scale), float(eps),
         E=n_experts, K=k, KP=triton.next_power_of_2(k), **shape,
-        SCORE=SCORE_FUNCS[score_func], RENORM=bool(renormalize), num_warps=warps,
+        SCORE=score, RENORM=bool(renormalize), num_warps=warps,
     )
     return dlogits_TE

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from steps.moe import router_kernel
-from steps.moe.router import moe_router, route, route_fused, route_reference, untied_logits
+from steps.moe.router import RENORM_EPS, SCORE_FUNCS, moe_router, route, route_fused, route_reference, untied_logits
 
 # Every K from 1 to 8 under both score functions, spread over E = 8, 64 and 384 (384 pads to 512).
 CASES = [
@@ -73,7 +73,7 @@ def test_every_output_written(score_func, E, K):
     weights = torch.full((n_tokens, K), math.nan)
     indices = torch.full((n_tokens, K), -7, dtype=torch.int32)
     lse = torch.full((n_tokens,), math.nan)
-    got = router_kernel.router_forward(logits_TE, bias_E, K, score_func, True, 1.0, block_t=4,
+    got = router_kernel.router_forward(logits_TE, bias_E, K, SCORE_FUNCS[score_func], True, 1.0, RENORM_EPS, block_t=4,
                                        programs=3, out=(weights, indices, lse))
     assert torch.equal(indices, want.indices_TK)
     assert torch.equal(got[2], want.counts_E)
@@ -81,7 +81,7 @@ def test_every_output_written(score_func, E, K):
     torch.testing.assert_close(lse, want.lse_T, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got[4], want.score_sums_E, rtol=1e-5, atol=1e-5)
     dlogits = torch.full_like(logits_TE, math.nan)
-    router_kernel.router_backward(logits_TE, lse, indices, dw, dlse, dsums, score_func, True, 1.0,
+    router_kernel.router_backward(logits_TE, lse, indices, dw, dlse, dsums, SCORE_FUNCS[score_func], True, 1.0, RENORM_EPS,
                                   block_t=4, out=dlogits)
     torch.testing.assert_close(dlogits, dwant, rtol=1e-5, atol=1e-6)
 
@@ -93,19 +93,20 @@ def test_gpu_tiles_under_the_interpreter(score_func, E, K):
     n_tokens = 9
     logits_TE, bias_E, (dw, dlse, dsums) = _inputs(score_func, E, K, seed=11, n_tokens=n_tokens)
     want, dwant = _run(route_reference, logits_TE, bias_E, K, score_func, True, 1.5, (dw, dlse, dsums))
-    w, idx, counts, lse, sums = router_kernel.router_forward(logits_TE, bias_E, K, score_func, True, 1.5,
+    w, idx, counts, lse, sums = router_kernel.router_forward(logits_TE, bias_E, K, SCORE_FUNCS[score_func], True, 1.5, RENORM_EPS,
                                                              block_t=1, num_warps=1, programs=4)
     assert torch.equal(idx, want.indices_TK) and torch.equal(counts, want.counts_E)
     torch.testing.assert_close(w, want.weights_TK, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sums, want.score_sums_E, rtol=1e-5, atol=1e-5)
-    dlogits = router_kernel.router_backward(logits_TE, lse, idx, dw, dlse, dsums, score_func, True, 1.5,
+    dlogits = router_kernel.router_backward(logits_TE, lse, idx, dw, dlse, dsums, SCORE_FUNCS[score_func], True, 1.5, RENORM_EPS,
                                             block_t=1, num_warps=1)
     torch.testing.assert_close(dlogits, dwant, rtol=1e-5, atol=1e-6)
 
 
 def test_ties_go_to_the_lowest_index():
     logits_TE = torch.zeros(5, 12)
-    w, idx, counts, _, _ = router_kernel.router_forward(logits_TE, torch.zeros(12), 4, "sigmoid", True, 1.0)
+    w, idx, counts, _, _ = router_kernel.router_forward(logits_TE, torch.zeros(12), 4, SCORE_FUNCS["sigmoid"], True, 1.0,
+                                                        RENORM_EPS)
     assert idx.tolist() == [[0, 1, 2, 3]] * 5
     assert counts.tolist() == [5] * 4 + [0] * 8
     torch.testing.assert_close(w, torch.full((5, 4), 0.25))
@@ -157,3 +158,15 @@ def test_fused_on_cpu_needs_the_interpreter(monkeypatch):
 
 def test_interpreter_is_on():
     assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_the_kernel_module_imports_nothing_of_the_router():
+    """Issue 26 item 4: no import circle; the score code and epsilon arrive as arguments."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(router_kernel))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(m and m.startswith("steps.moe.router") for m in imported)
+    with pytest.raises(ValueError, match="score must be one of"):
+        router_kernel.router_forward(torch.zeros(2, 8), torch.zeros(8), 2, 2, True, 1.0, RENORM_EPS)
