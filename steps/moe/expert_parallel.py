@@ -12,7 +12,7 @@ forward on every rank of the group:
    within an expert is kept), copy each token to its K slots of the send buffer: since experts
    are numbered rank by rank, the buffer is already grouped by destination rank;
 2. exchange per-expert counts with one `all_to_all_single` ([P, e] each way) and move the split
-   sizes to the host (the one device-to-host sync);
+   sizes, sent and received together, to the host (the one device-to-host sync of a block);
 3. send the tokens with a second `all_to_all_single` of variable splits (autograd: its backward
    is the reverse all-to-all);
 4. regroup the received rows (source rank major) by local expert, each group padded to
@@ -45,6 +45,13 @@ import torch
 from torch import Tensor
 
 from steps.moe.model import MoE, _Dispatch, _recomputing, expert_ffn, expert_layout, local_weight
+
+
+def _splits(sent_Pe: Tensor, got_Pe: Tensor) -> tuple[list[int], list[int]]:
+    """Rows sent to and received from each rank, moved to the host in one sync (issue 31: one a
+    block and micro-batch, where there were two)."""
+    both = torch.cat([sent_Pe.sum(1), got_Pe.sum(1)]).tolist()
+    return both[:len(both) // 2], both[len(both) // 2:]
 
 
 def all_gather_rows(x: Tensor, group) -> Tensor:
@@ -89,7 +96,9 @@ class AllToAllExperts:
             start_E = torch.cumsum(counts_E, 0) - counts_E
             sorted_N = flat_N[order_N]
             kept_N = (torch.arange(N, device=flat_N.device) - start_E[sorted_N]) < sent_Pe.reshape(-1)[sorted_N]
-            send = sent_Pe.sum(1).tolist()  # the one host sync (the plan's trace answers it evenly)
+            # the one host sync of the block: what is sent and received, read together (the plan's
+            # trace answers it evenly)
+            send, recv = _splits(sent_Pe, got_Pe)
             n_kept = sum(send)
             pos_N[order_N] = torch.where(kept_N, torch.cumsum(kept_N, 0) - 1, n_kept)  # dropped: a spare row
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), n_kept + 1)[:n_kept]
@@ -102,8 +111,7 @@ class AllToAllExperts:
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), N)
             got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
             got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
-            send = sent_Pe.sum(1).tolist()
-        recv = got_Pe.sum(1).tolist()
+            send, recv = _splits(sent_Pe, got_Pe)
         self.received = sum(recv)  # rows this rank's experts took in its last forward
         x_RD = all_to_all_single_autograd(x_ND, recv, send, self.group)
 
