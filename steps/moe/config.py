@@ -35,6 +35,11 @@ class MoEConfig:
     # the mean (the N = T*K slots every rank sends); past it, assignments are dropped (counted in
     # the step's metrics: moe_dropped). 0: unbounded, dropless whatever the skew.
     rank_capacity_factor: float = 0.0
+    # Each expert takes at most ceil(this x N / E) of a micro-batch's N = T*K slots (the anchor's
+    # capacity factor 1.15); the expert's slots past it, the last tokens, are dropped and counted
+    # (moe_dropped, per layer in health). 0: no per-expert bound. Applied where the experts are
+    # local (ep = 1); under expert parallelism rank_capacity_factor bounds a rank's rows instead.
+    expert_capacity_factor: float = 0.0
     # The head and the cross-entropy run fused, this many vocabulary rows at a time: no [T, V]
     # logits are ever whole (steps/moe/head.py); the same value and gradient as unchunked.
     loss_chunk: int = 8192
@@ -55,6 +60,8 @@ class MoEConfig:
             raise ValueError(f"loss_chunk must be >= 1, got {self.loss_chunk}")
         if self.rank_capacity_factor and self.rank_capacity_factor < 1:
             raise ValueError(f"rank_capacity_factor must be 0 (unbounded) or >= 1, got {self.rank_capacity_factor}")
+        if self.expert_capacity_factor and self.expert_capacity_factor < 1:
+            raise ValueError(f"expert_capacity_factor must be 0 (unbounded) or >= 1, got {self.expert_capacity_factor}")
         if self.n_heads % self.n_kv_heads or self.head_dim % 2 or self.expert_align < 1:
             raise ValueError("n_heads must be a multiple of n_kv_heads, head_dim even, expert_align >= 1")
 

@@ -145,15 +145,20 @@ class AllToAllExperts:
         return keep_SDe[me], keep_SDe[:, me]
 
 
-def take_dropped(layers) -> Tensor:
-    """[routed, dropped] token-expert assignments of `layers` (MoE modules) since the last call,
-    summed over the layers, and reset (the sending rank counts them; sum over ranks)."""
-    out = torch.stack([torch.stack([m.routed_slots for m in layers]).sum(),
-                       torch.stack([m.dropped_slots for m in layers]).sum()])
+def take_dropped_layers(layers) -> Tensor:
+    """[layer, (routed, dropped)] token-expert assignments of `layers` (MoE modules) since the
+    last call, and reset (the sending rank counts them; sum over ranks). Counted where a bound
+    applies: the rank capacity (here) or the per-expert capacity (model.LocalExperts)."""
+    out = torch.stack([torch.stack([m.routed_slots, m.dropped_slots]) for m in layers])
     for m in layers:
         m.routed_slots.zero_()
         m.dropped_slots.zero_()
     return out
+
+
+def take_dropped(layers) -> Tensor:
+    """[routed, dropped] of `layers` since the last call, summed over the layers, and reset."""
+    return take_dropped_layers(layers).sum(0)
 
 
 EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")

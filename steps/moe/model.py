@@ -27,6 +27,7 @@ N = T*K token-expert slots, P rows of the expert-sorted buffer (N plus each expe
 F routed expert width.
 """
 import contextlib
+import math
 import threading
 from typing import Callable, Iterator
 
@@ -209,11 +210,46 @@ class LocalExperts:
     def __call__(self, moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
                  beside: Callable[[], Tensor] | None = None) -> Tensor:
         T, K = idx_TK.shape
+        factor = moe.cfg.expert_capacity_factor
+        if factor:
+            return self._bounded(moe, x_TD, w_TK, idx_TK, counts_E, beside, math.ceil(factor * T * K / counts_E.numel()))
         row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, moe.cfg.expert_align)
         x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows)
         y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
                           offs_E)
         y_TKD = y_PD[row_N].view(T, K, -1)
+        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        return out_TD if beside is None else out_TD + beside()
+
+    @staticmethod
+    def _bounded(moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
+                 beside: Callable[[], Tensor] | None, capacity: int) -> Tensor:
+        """The same path with each expert taking at most `capacity` slots, the first in token
+        order; a dropped slot reads a zero row (its token keeps its other experts and the shared
+        ones). No host sync: the buffer is sized by its static bound, as unbounded."""
+        T, K = idx_TK.shape
+        E, align = counts_E.numel(), moe.cfg.expert_align
+        flat_N = idx_TK.reshape(-1)
+        N = flat_N.numel()
+        order_N = torch.argsort(flat_N, stable=True)
+        sorted_N = flat_N[order_N]
+        start_E = torch.cumsum(counts_E, 0) - counts_E
+        rank_N = torch.arange(N, device=flat_N.device) - start_E[sorted_N]  # place within its expert
+        kept_sorted = rank_N < capacity
+        kept_E = counts_E.clamp(max=capacity)
+        padded_E = (kept_E + align - 1) // align * align
+        offs_E = torch.cumsum(padded_E, 0, dtype=torch.int32)
+        n_rows = N + (align - 1) * E  # the static bound (a spare row past it takes the dropped)
+        row_N = torch.empty_like(order_N)
+        row_N[order_N] = torch.where(kept_sorted, (offs_E - padded_E)[sorted_N] + rank_N, n_rows)
+        x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows + 1)[:n_rows]
+        y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
+                          offs_E)
+        y_PD = torch.cat([y_PD, y_PD.new_zeros(1, y_PD.shape[1])])  # the dropped slots' zero row
+        y_TKD = y_PD[row_N].view(T, K, -1)
+        if moe.training and not _recomputing():
+            moe.routed_slots += N
+            moe.dropped_slots += N - kept_sorted.sum()
         out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
         return out_TD if beside is None else out_TD + beside()
 

@@ -277,6 +277,9 @@ class TrainerConfig:
     keep_last: int = run_only(default=2)
     permanent_every: int = run_only(default=0)  # also keep every checkpoint at a multiple of this
     log_every: int = run_only(default=10)
+    # warn (the step's log) when a metrics row drops more than this share of the token-expert
+    # assignments past a capacity; 0: never (the anchor dropped 0.018% at capacity 1.15)
+    moe_drop_warn: float = run_only(default=0.01)
     tracker: TrackerConfig = run_only(default_factory=TrackerConfig)
     peak_flops: float = run_only(default=0.0)  # per worker, for MFU; 0: looked up from the device
     fail_after_steps: int = run_only(default=0)  # tests: raise after this many steps of this attempt
@@ -298,6 +301,8 @@ class TrainerConfig:
         for name in ("workers", "microbatch", "permanent_every", "fail_after_steps"):
             if getattr(self, name) < 0:
                 raise VoyageError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.moe_drop_warn <= 1:
+            raise VoyageError(f"trainer.moe_drop_warn must lie in [0, 1], got {self.moe_drop_warn}")
         for name in ("checkpoint_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise VoyageError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")

@@ -9,8 +9,9 @@ An MoE run's health is its routing; these are cheap to compute and logged at eve
                     in nats (log E: undecided; near 0: each token's choice is certain)
     bias_spread     max - min of the selection bias (expert_bias_E): how hard the load balancer
                     is pushing; a spread that keeps growing means balancing is losing
-    dropped         tokens dropped by an expert's capacity cap, when the MoE layer counts them
-                    (an `expert_dropped` buffer); absent otherwise
+    dropped         token-expert assignments dropped past a capacity (the rank capacity under
+                    expert parallelism, or the per-expert capacity), summed over ranks, and
+    dropped_share   their share of the assignments routed; both only where a bound applies
 
 Router entropy needs the router's probabilities, which the MoE layer does not keep: `Entropy`
 hooks each MoE layer's forward during the micro-batches of a logged step only and recomputes
@@ -75,8 +76,10 @@ class Entropy:
         return sums[:-1] / sums[-1].clamp_min(1)
 
 
-def row(load_LE: torch.Tensor, layers: Sequence[torch.nn.Module], entropy_L: torch.Tensor | None) -> dict[str, Any]:
-    """The health part of a metrics row (load_LE already summed over ranks)."""
+def row(load_LE: torch.Tensor, layers: Sequence[torch.nn.Module], entropy_L: torch.Tensor | None,
+        dropped_L2: torch.Tensor | None = None) -> dict[str, Any]:
+    """The health part of a metrics row (load_LE and dropped_L2, [layer, (routed, dropped)] from
+    expert_parallel.take_dropped_layers, already summed over ranks)."""
     mean_L = load_LE.mean(-1).clamp_min(1e-9)
     bias_LE = torch.stack([m.expert_bias_E for m in layers]).float()
     out: dict[str, Any] = {
@@ -86,10 +89,8 @@ def row(load_LE: torch.Tensor, layers: Sequence[torch.nn.Module], entropy_L: tor
     if entropy_L is not None:
         out["router_entropy"] = [round(v, 4) for v in entropy_L.tolist()]
         out["router_entropy_max"] = math.log(load_LE.shape[-1])
-    dropped = [getattr(m, "expert_dropped", None) for m in layers]
-    if dropped and all(d is not None for d in dropped):
-        total = torch.stack([d.float().sum() for d in dropped])
-        if dist.is_initialized():
-            dist.all_reduce(total)
-        out["dropped"] = [int(v) for v in total.tolist()]
+    if dropped_L2 is not None and bool(dropped_L2[:, 0].sum() > 0):
+        routed_L, dropped_L = dropped_L2[:, 0].float(), dropped_L2[:, 1].float()
+        out["dropped"] = [int(v) for v in dropped_L.tolist()]
+        out["dropped_share"] = [round(v, 6) for v in (dropped_L / routed_L.clamp_min(1)).tolist()]
     return out

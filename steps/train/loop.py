@@ -34,7 +34,7 @@ import torch.distributed as dist
 from executor import NonFinite, StepContext
 from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
-from steps.moe.expert_parallel import take_dropped
+from steps.moe.expert_parallel import take_dropped_layers
 from steps.train import checkpoint
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
@@ -156,6 +156,7 @@ class Trainer:
         self.flops = flops_per_token(job.model_config, self.context)
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
         self.spikes = SpikeGuard(self.cfg.optimizer.spikes)
+        self.drop_share_max = 0.0  # the largest share of assignments dropped in a metrics row of this attempt
         self.saver = Saver(self.ctx.output, async_save=self.tcfg.async_checkpoint, keep_last=self.tcfg.keep_last,
                            permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device,
                            fence=self.ctx.fenced)
@@ -268,9 +269,11 @@ class Trainer:
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
-        drops = take_dropped(self.layers).float()  # [routed, dropped] past the rank capacity (issue 22)
+        # [layer, (routed, dropped)] past the rank or the per-expert capacity (issues 22, 31)
+        drops_L2 = take_dropped_layers(self.layers).float()
         if dist.is_initialized():
-            dist.all_reduce(drops)
+            dist.all_reduce(drops_L2)
+        drops = drops_L2.sum(0)
         norm = grad_norm
         events = [e for e in self.spikes.events if e["step"] >= self.step - self.tcfg.log_every]
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
@@ -279,7 +282,7 @@ class Trainer:
                 "bias_norm": torch.stack([m.expert_bias_E for m in self.layers]).norm().item(),
                 "moe_dropped": int(drops[1]), "moe_dropped_share": (drops[1] / drops[0].clamp_min(1)).item(),
                 "tokens": self.tokens, "time": time.time(), "phase": self.job.phase,
-                "health": health_row(load_LE, self.layers, self.entropy.mean()),
+                "health": health_row(load_LE, self.layers, self.entropy.mean(), drops_L2),
                 **({"events": events} if events else {})}
 
     def save(self, row: dict[str, Any], started: float) -> None:
@@ -348,6 +351,14 @@ class Trainer:
                         row = self.metrics_row(sums, load_LE, lr, grad_norm, rate)
                         sums.zero_()
                         tick, tick_tokens = now, self.tokens
+                        self.drop_share_max = max(self.drop_share_max, row["moe_dropped_share"])
+                        if self.main and tcfg.moe_drop_warn and row["moe_dropped_share"] > tcfg.moe_drop_warn:
+                            worst = row["health"].get("dropped_share", [])
+                            ctx.logger.warning(
+                                "%s: %.3f%% of the token-expert assignments dropped by the capacity in the %d steps "
+                                "to %d (trainer.moe_drop_warn %.3f%%); the worst layer %s", ctx.name,
+                                100 * row["moe_dropped_share"], tcfg.log_every, self.step, 100 * tcfg.moe_drop_warn,
+                                f"{worst.index(max(worst))} at {100 * max(worst):.3f}%" if worst else "-")
                         if self.main:
                             metrics.append(row)
                             tracker.log(row, self.step)
@@ -368,7 +379,8 @@ class Trainer:
             if self.main:
                 metrics.flush(force=True)
             tracker.finish()
-        return {**row, "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here,
+        return {**row, "moe_dropped_share_max": self.drop_share_max,
+                "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here,
                 "checkpoint_stall_s": self.saver.stalls, "rewind_s": self.rewinds}
 
     def close(self) -> None:

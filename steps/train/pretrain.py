@@ -18,7 +18,7 @@ from executor import StepContext, VoyageError, step_type
 from steps.data.mixture import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
-from steps.train.tracking import write_reference
+from steps.train.tracking import METRICS_FILE, write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
@@ -110,6 +110,9 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
         ctx.results["checkpoint_stall_s"] = [round(x, 4) for x in timings["checkpoint_stall_s"]]
     if timings.get("rewind_s"):
         ctx.results["rewind_s"] = [round(x, 4) for x in timings["rewind_s"]]
+    drops = _drop_shares(ctx.path(METRICS_FILE), job.start, job.end)
+    if drops:  # issue 31: the largest share of assignments a capacity dropped in a metrics row
+        ctx.results["moe_dropped_share_max"] = max(drops)
     final = checkpoint.list_checkpoints(ctx.output)[-1]
     meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)
     row = run.get("metrics") or {}
@@ -127,7 +130,8 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
             [e["skipped"][0], e["skipped"][1], "rewind"] if e["kind"] == "rewind" and "skipped" in e
             else [e["step"], e["step"], "skip"] for e in events]
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
-                       **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu") if k in row},
+                       **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu", "moe_dropped",
+                                              "moe_dropped_share") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)
     if law is not None and "loss" in row:  # the run against a ladder's law (docs/ladder.md)
         from steps.ladder.steps import against_law
@@ -135,3 +139,17 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
 
         compute = flops_per_token(job.model_config, job.manifest["seq_len"] - 1) * meta["tokens"]
         ctx.results["law"] = against_law(law, compute, float(row["loss"]))
+
+
+def _drop_shares(url: str, start: int, end: int) -> list[float]:
+    """moe_dropped_share of the metrics rows of steps (start, end] (empty: no file, no rows)."""
+    import json
+
+    import fsspec
+
+    try:
+        with fsspec.open(url, "r") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [r["moe_dropped_share"] for r in rows if start < r.get("step", -1) <= end and "moe_dropped_share" in r]

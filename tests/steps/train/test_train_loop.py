@@ -222,3 +222,26 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     with pytest.raises(LeaseLost, match="taken over"):
         pretrain(cfg, ctx(lease_a.token))  # A again: stops before its first write or deletion
     assert files() == before
+
+
+def test_drops_past_the_per_expert_capacity_reach_the_metrics_and_the_log(tokens, tmp_path, caplog):
+    """Issue 31 item 4, through the trainer: a per-expert capacity of 1.0 on one worker drops
+    assignments; the metrics row counts them (moe_dropped, its share), health splits them by
+    layer, the step's results keep the largest share, and a share above trainer.moe_drop_warn
+    is logged as a warning."""
+    mix = make_mixture(tokens, tmp_path / "mix", sequences=200, stages=((1.0, {"kjv": 1.0}),))
+    cfg = dataclasses.replace(_config(mix, log_every=3, checkpoint_every=100, moe_drop_warn=1e-4),
+                              model=ModelSpec("tiny", overrides={"expert_capacity_factor": 1.0}))
+    with caplog.at_level("WARNING"):
+        pre = run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    rows = [json.loads(line) for line in open(tmp_path / "pre/metrics.jsonl")]
+    assert rows and all(r["moe_dropped"] > 0 for r in rows)
+    for r in rows:
+        per = r["health"]["dropped"]
+        assert len(per) == 4 and sum(per) == r["moe_dropped"]  # the tiny model's 4 layers
+        assert len(r["health"]["dropped_share"]) == 4 and 0 < r["moe_dropped_share"] < 1
+    assert pre.results["moe_dropped_share_max"] == max(r["moe_dropped_share"] for r in rows)
+    assert any("of the token-expert assignments dropped by the capacity" in m and "moe_drop_warn" in m
+               for m in caplog.messages)
+    with pytest.raises(VoyageError, match="moe_drop_warn must lie in"):
+        TrainerConfig(moe_drop_warn=2.0)
