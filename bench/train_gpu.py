@@ -153,6 +153,18 @@ def moe_layers(tokens: int, repeats: int, device: torch.device) -> dict:
     return out
 
 
+def _measured_matmul_tflops() -> float | None:
+    """The bf16 matmul peak bench/gpu_block_memory.py measured earlier in the same bench/gpu_all.sh
+    run ($OUT/block.json), if any."""
+    import os
+
+    try:
+        got = json.loads((pathlib.Path(os.environ.get("OUT", "/tmp")) / "block.json").read_text())
+        return float(got["parts"]["matmul"]["tflops"]) if not got.get("dry") else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="small")
@@ -170,14 +182,21 @@ def main() -> None:
         sys.exit("bench/train_gpu.py needs a CUDA GPU (bench/train_cpu.py is the CPU form)")
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     results = {}
+    measured_peak = _measured_matmul_tflops() if device.type == "cuda" else None
+    if measured_peak:
+        results["measured_matmul_tflops"] = measured_peak
     if not args.skip_train:
         results["train"] = []
         for mode in args.checkpointing.split(","):
             r = train_mfu(args.preset, args.batch, args.seq, args.steps, args.warmup, device, mode)
+            if measured_peak:  # against this GPU's own bf16 matmul peak (bench/gpu_block_memory.py, same run)
+                r["mfu_of_measured_peak"] = r["achieved_tflops"] / measured_peak
             results["train"].append(r)
             print(f"train {r['preset']} ({r['params_total'] / 1e9:.2f}B total, {r['params_active'] / 1e9:.2f}B active) "
                   f"on {r['gpu']}, checkpointing {mode}: {r['tokens_per_s']:,.0f} tokens/s, "
-                  f"{r['achieved_tflops']:.0f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, {r['peak_memory_gib']:.1f} GiB peak",
+                  f"{r['achieved_tflops']:.0f} TFLOP/s, MFU {100 * r['mfu']:.1f}%"
+                  + (f" ({100 * r['mfu_of_measured_peak']:.1f}% of the measured {measured_peak:.0f} TFLOP/s matmul)"
+                     if measured_peak else "") + f", {r['peak_memory_gib']:.1f} GiB peak",
                   flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
