@@ -131,16 +131,17 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _even_splits(slots: int, ranks: int) -> Iterator[None]:
-    """Answer the all-to-all path's one host sync (per-rank split sizes, a `tolist()` of a [P]
-    integer tensor) with even splits of `slots`: fake tensors have no values to sync."""
+    """Answer the all-to-all path's one host sync (the rows sent to and received from each rank,
+    a `tolist()` of a [2P] integer tensor: expert_parallel._splits) with even splits of `slots`
+    both ways: fake tensors have no values to sync."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     original = FakeTensor.tolist
     base, extra = divmod(slots, ranks)
 
     def tolist(self):
-        if self.dim() == 1 and self.numel() == ranks and not self.dtype.is_floating_point:
-            return [base + (i < extra) for i in range(ranks)]
+        if self.dim() == 1 and self.numel() == 2 * ranks and not self.dtype.is_floating_point:
+            return [base + (i < extra) for i in range(ranks)] * 2
         return original(self)
 
     FakeTensor.tolist = tolist
