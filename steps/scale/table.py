@@ -83,10 +83,34 @@ def comm_table(plan: Plan) -> list[str]:
         f"{recompute_flops_per_token(s.model, s.context, mode) / 1e9:.2f} GFLOP a token again (+ its share of the "
         f"two above), same rate",
         f"    {'optimizer update (AdamW and clipping, ' + where + ')':66s}{t.optimizer:17.2f} s",
+        *host_sync_lines(plan),
         f"    {'step':66s}{t.total:17.2f} s   = computing {t.executed:.2f} s + exposed {t.exposed:.2f} s + update "
         f"{t.optimizer:.2f} s; {plan.predicted_mfu:.1%} MFU over the step (the trainer's count)",
     ]
     return lines + anchor_lines(plan)
+
+
+HOST_SYNC_S = 30e-6  # a device-to-host sync: the GPU idles until the host launches again (assumed)
+
+
+def host_syncs(plan: Plan) -> int:
+    """Device-to-host syncs a step of the expert-parallel dispatch: one a block and micro-batch
+    (the split sizes, sent and received read together), again in a recompute (the block's Python
+    runs again even where the collectives' outputs are kept); none without expert parallelism."""
+    m, c = plan.choice.mesh, plan.choice
+    if m.ep == 1:
+        return 0
+    micro = plan.setup.batch // plan.ranks // c.microbatch
+    return plan.setup.model.n_layers * micro * (1 if c.checkpointing == "none" else 2)
+
+
+def host_sync_lines(plan: Plan) -> list[str]:
+    n = host_syncs(plan)
+    if not n:
+        return []
+    return [f"    {'host syncs of the expert dispatch (not in the step)':66s}{n * HOST_SYNC_S:17.2f} s   "
+            f"{n:,} a step: one a block and micro-batch, again in the recompute; {HOST_SYNC_S * 1e6:.0f} us of "
+            f"idle GPU each (assumed)"]
 
 
 def anchor_lines(plan: Plan) -> list[str]:

@@ -288,3 +288,16 @@ def test_the_memory_model_uses_the_rank_capacity_and_the_plan_names_the_skew():
     peaks = [estimate(dataclasses.replace(free, load_peak=s), choice).peak for s in (1.0, 1.25, 2.0, 3.0, 8.0)]
     assert peaks == sorted(peaks) and peaks[1] == estimate(FULL, choice).peak
     assert peaks[-1] > 140 * GIB and "unbounded" in free.skew_words()
+
+
+def test_the_dispatch_host_syncs_are_counted():
+    """Issue 31 item 5: one sync a block and micro-batch, again in a recompute; printed beside
+    the step, not charged to it."""
+    from steps.scale.table import HOST_SYNC_S, comm_table, host_syncs
+
+    sel = estimate(FULL, Choice(Mesh(11, 64, 64), 1, "selective", "replicas"))
+    assert host_syncs(sel) == 48 * 16 * 2
+    assert host_syncs(estimate(FULL, Choice(Mesh(11, 64, 64), 2, "none", "moments"))) == 48 * 8
+    assert host_syncs(estimate(FULL, Choice(Mesh(11, 64, 1), 1, "selective", "moments"))) == 0
+    line = next(x for x in comm_table(sel) if "host syncs of the expert dispatch" in x)
+    assert "1,536 a step" in line and f"{1536 * HOST_SYNC_S:.2f} s" in line
