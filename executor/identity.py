@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 from executor import refs
 from executor.errors import IdentityError
-from executor.fingerprint import Fingerprint, code_fingerprint  # noqa: F401  (re-exported)
 from executor.step import InputRef, OwnOutput, StepType
 
 SCHEME = "marin-voyage/identity/1"
