@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from executor.errors import IdentityError, VoyageError
 from executor.fingerprint import Fingerprint, code_fingerprint
 from executor.identity import check_depth, step_digest
-from executor.refs import input_refs
+from executor.refs import input_refs, value_types
 from executor.step import InputRef, Step
 
 T = TypeVar("T")
@@ -54,7 +54,7 @@ class Dag:
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
-        self._fingerprints: dict[tuple[int, type], Fingerprint] = {}
+        self._fingerprints: dict[tuple[int, tuple[type, ...]], Fingerprint] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -66,11 +66,14 @@ class Dag:
         return self.by_name[name]
 
     def fingerprint(self, node: Node) -> Fingerprint:
-        """Code fingerprint of a node's step function and config class (once per such pair)."""
-        key = (id(node.step.type), type(node.step.config))
+        """Code fingerprint of a node's step function, its config class and every class its config's
+        values are of (a dataclass in an untyped field, an enum in a dict: their modules and
+        defaults count as the config class's do), once per such combination."""
+        reached = value_types(node.step.config)
+        key = (id(node.step.type), reached)
         found = self._fingerprints.get(key)
         if found is None:
-            found = self._fingerprints[key] = code_fingerprint(node.step.type.fn, type(node.step.config))
+            found = self._fingerprints[key] = code_fingerprint(node.step.type.fn, type(node.step.config), reached)
         return found
 
     def upstream(self, names: Iterable[str]) -> set[str]:

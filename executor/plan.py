@@ -303,7 +303,7 @@ def _note_code_drift(dag: Dag, decisions: dict[str, Decision], store: Store) -> 
         now = dag.fingerprint(d.node)
         if now.digest == recorded:
             continue
-        key = (id(d.node.step.type), type(d.node.step.config), recorded)
+        key = (id(d.node.step.type), type(d.node.step.config), recorded, now.digest)
         if key not in explained:
             record = store.read_record(d.node.dirname)
             what = drift(record.code_parts, now.parts) if record is not None and record.code_parts else []

@@ -1,0 +1,94 @@
+"""Issue 28, "served bytes are always the bytes of the code and inputs on record": each finding of
+the third round of attacks, reproduced, then held. Fast: no Ray unless a test says so."""
+
+import dataclasses
+import functools
+import importlib
+import json
+import os
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+from executor import Step, step_type
+from executor.dag import build_dag
+from executor.errors import VoyageError
+from executor.fingerprint import drift
+
+
+@pytest.fixture
+def module(tmp_path, monkeypatch):
+    """`module(name, source)`: write `name.py` into a folder on sys.path and import it afresh."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
+    def make(name, source):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+        return importlib.import_module(name)
+
+    return make
+
+
+def _node(steps, name):
+    dag = build_dag(steps)
+    return dag, dag[name]
+
+
+# -- critical 1: a config value whose class lives outside the step's import closure -------------
+
+C1_STEP = """
+from dataclasses import dataclass, field
+from executor import step_type
+
+@dataclass(frozen=True)
+class C1Cfg:
+    extra: object = None
+    more: dict = field(default_factory=dict)
+
+@step_type(version="1")
+def c1_scaled(config: C1Cfg, ctx):
+    with ctx.open("out.txt", "w") as f:
+        f.write(str(config.extra.apply(2)) + config.more["kind"].word())
+"""
+
+C1_HELPER = """
+import enum
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Scale:
+    n: int = 1
+
+    def apply(self, x):
+        return x * self.n
+
+class Kind(enum.Enum):
+    A = "a"
+
+    def word(self):
+        return "alpha"
+"""
+
+
+def _c1(module, helper):
+    step_mod = module("c1_step", C1_STEP)
+    h = module("c1_helper", helper)  # only the voyage imports it: the step's module never names it
+    step = Step("s", step_mod.c1_scaled, step_mod.C1Cfg(extra=h.Scale(), more={"kind": h.Kind.A}))
+    dag, node = _node([step], "s")
+    return node.digest, dag.fingerprint(node)
+
+
+def test_c1_a_dataclass_in_an_untyped_field_brings_its_defaults_and_module_into_the_fingerprint(module):
+    digest1, fp1 = _c1(module, C1_HELPER)
+    digest2, fp2 = _c1(module, C1_HELPER.replace("n: int = 1", "n: int = 1000"))
+    assert digest1 == digest2  # a field equal to its default is left out of the digest...
+    assert fp1.digest != fp2.digest  # ...so the fingerprint must see the default by value
+    assert "default of c1_helper.Scale.n: 1 -> 1000" in drift(fp1.parts, fp2.parts)
+    digest3, fp3 = _c1(module, C1_HELPER.replace("x * self.n", "x + self.n"))
+    assert digest3 == digest1 and fp3.digest != fp1.digest  # a method the step calls
+    _, fp4 = _c1(module, C1_HELPER.replace('return "alpha"', 'return "beta"'))
+    assert fp4.digest != fp1.digest  # an enum's method, reached through a dict value
