@@ -262,42 +262,136 @@ def check_depth(value: Any, path: str = "config") -> None:
 
 
 def normalized(value: Any, kind: Kind = None) -> Any:
-    """`value` as it was hashed: an int in a field declared float is that float, a whole float in
-    a field declared int is that int, -0.0 is 0.0 (what `encode` says they mean), so the step
-    receives exactly what its digest covers. Parts that need no change are shared, not copied."""
-    if value is True or value is False or value is None or isinstance(value, (str, bytes, enum.Enum)):
+    """`value` as it was hashed, so that the step receives exactly what its digest covers: values
+    that encode alike reach the step as one value (issue 28). An int in a field declared float is
+    that float, a whole float in a field declared int is that int, -0.0 is 0.0; a dict is in the
+    order of its keys' encodings (a plain dict); a list or tuple is the sequence type its field
+    declares (`list[...]`, `tuple[...]`), and a list where nothing declares one (JSON's sequence);
+    a path is its string; a subclass of str, int or float is the plain value. Named tuples, sets
+    and enums keep their types (their encodings keep them apart). Parts that need no change are
+    shared, not copied."""
+    t = type(value)
+    if t is str or t is bool or value is None or t is bytes:
         return value
-    if isinstance(value, int):
+    if t is int:
         return float(value) if kind == "float" else value
-    if isinstance(value, float):
+    if t is float:
         if kind == "int" and value.is_integer():
             return int(value)
         return value + 0.0 if value == 0 else value
+    if isinstance(value, (enum.Enum, InputRef, OwnOutput)):
+        return value
+    if isinstance(value, pathlib.PurePath):
+        return value.as_posix()
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return normalized(int(value), kind)
+    if isinstance(value, float):
+        return normalized(float(value), kind)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kinds = dict(_field_kinds(type(value)))
         return refs.with_fields(value, kinds, lambda name, old: normalized(old, kinds[name]))
-    if isinstance(value, (list, tuple)) and not hasattr(type(value), "_fields"):
-        item = kind[1] if isinstance(kind, tuple) and kind[0] == "seq" else None
+    if isinstance(value, (list, tuple)) and not hasattr(t, "_fields"):
+        seq = kind if isinstance(kind, tuple) and kind[0] == "seq" else ("seq", None, None)
+        want = seq[1] if len(seq) == 3 and seq[1] is not None else list
+        item = seq[-1]
         items = [normalized(v, item) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+        if t is want and all(a is b for a, b in zip(items, value)):
+            return value
+        return want(items)
+    if isinstance(value, tuple):  # a named tuple: its fields, by no declared kind
+        items = [normalized(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else t(*items)
     if isinstance(value, dict):
         item = kind[1] if isinstance(kind, tuple) and kind[0] == "map" else None
-        out = {k: normalized(v, item) for k, v in value.items()}
-        return value if all(out[k] is value[k] for k in value) else type(value)(out)
+        keys = sorted(value, key=_key_text)
+        out = {_normalized_key(k): normalized(value[k], item) for k in keys}
+        if t is dict and keys == list(value) and all(a is b for a, b in zip(out, value)) \
+                and all(out[k] is value[k] for k in value):
+            return value
+        return out
     return value
+
+
+def _normalized_key(key: Any) -> Any:
+    """A dict key as a step receives it: a path is its string; anything else stays (a key must
+    stay hashable, so a tuple stays a tuple)."""
+    if isinstance(key, pathlib.PurePath):
+        return key.as_posix()
+    return key
+
+
+def _key_text(key: Any) -> str:
+    """The order of dict keys: by their canonical encoding, as `encode` sorts them."""
+    return _canonical(encode(key, _no_digest, "config.<key>"))
+
+
+def _no_digest(ref: InputRef) -> str:
+    raise IdentityError("a reference is no dict key")
 
 
 _FIELD_KINDS: dict[type, list[tuple[str, Kind]]] = {}
 
 
 def _field_kinds(cls: type) -> list[tuple[str, Kind]]:
-    """(name, declared kind) of the identity fields of a dataclass type, once per type."""
+    """(name, declared kind for normalizing) of the identity fields of a dataclass type, once per
+    type: as `_kind`, and a sequence says which sequence type it declares."""
     kinds = _FIELD_KINDS.get(cls)
     if kinds is None:
         hints = _type_hints(cls)
-        kinds = _FIELD_KINDS[cls] = [(f.name, _kind(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
+        kinds = _FIELD_KINDS[cls] = [(f.name, _norm_kind(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
                                      if f.init and not f.metadata.get("run_only")]
     return kinds
+
+
+def _norm_kind(hint: Any) -> Kind:
+    """float, int, ("seq", list | tuple | None, kind) or ("map", kind) or None, from a declared
+    type (or its text)."""
+    if isinstance(hint, str):
+        return _norm_kind_of_text(hint.replace(" ", ""))
+    if hint is float or hint is int:
+        return hint.__name__
+    if hint is list or hint is tuple:
+        return ("seq", hint, None)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [_norm_kind(a) for a in args if a is not _NONE]
+        return kinds[0] if len(kinds) == 1 else None
+    if origin in (tuple, list):
+        variadic = origin is list or (len(args) == 2 and args[1] is Ellipsis)
+        return ("seq", origin, _norm_kind(args[0]) if args and variadic else None)
+    if origin in (typing.Sequence, _abc_sequence()):
+        return ("seq", None, _norm_kind(args[0]) if args else None)
+    if origin in (dict, typing.Mapping, _abc_mapping()):
+        return ("map", _norm_kind(args[1]) if len(args) == 2 else None)
+    return None
+
+
+def _norm_kind_of_text(text: str) -> Kind:
+    for none in ("|None", "None|"):
+        text = text.replace(none, "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1]
+    if text in ("float", "int"):
+        return text
+    if text in ("list", "tuple"):
+        return ("seq", {"list": list, "tuple": tuple}[text], None)
+    for head, ctype in (("tuple[", tuple), ("list[", list), ("Sequence[", None)):
+        if text.startswith(head) and text.endswith("]"):
+            inner = text[len(head):-1]
+            if ctype is tuple:
+                if not inner.endswith(",..."):
+                    return ("seq", tuple, None)
+                inner = inner[:-len(",...")]
+            return ("seq", ctype, _norm_kind_of_text(inner))
+    if text.startswith("dict[str,") and text.endswith("]"):
+        return ("map", _norm_kind_of_text(text[len("dict[str,"):-1]))
+    if text == "dict" or text.startswith("dict["):
+        return ("map", None)
+    return None
 
 
 def step_digest(step_type: StepType, config: Any, digest_of: DigestOf) -> str:

@@ -92,3 +92,48 @@ def test_c1_a_dataclass_in_an_untyped_field_brings_its_defaults_and_module_into_
     assert digest3 == digest1 and fp3.digest != fp1.digest  # a method the step calls
     _, fp4 = _c1(module, C1_HELPER.replace('return "alpha"', 'return "beta"'))
     assert fp4.digest != fp1.digest  # an enum's method, reached through a dict value
+
+
+# -- critical 6: values with one digest but different meanings -----------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class C6Cfg:
+    weights: dict[str, float]
+    pair: tuple[int, ...] = ()
+    items: list[int] = dataclasses.field(default_factory=list)
+    path: str = ""
+    loose: object = None
+    nested: dict = dataclasses.field(default_factory=dict)
+
+
+@step_type(version="1")
+def c6_write(config: C6Cfg, ctx):
+    with ctx.open("out.txt", "w") as f:
+        f.write(json.dumps(config.weights) + repr(config))
+
+
+def _received(config):
+    """The config as the step receives it (what the runner ships: executor.runner), and its digest."""
+    from executor.identity import normalized
+
+    dag, node = _node([Step("c6", c6_write, config)], "c6")
+    return node.digest, normalized(config)
+
+
+@pytest.mark.parametrize("a, b", [
+    (C6Cfg({"web": .7, "code": .3}), C6Cfg({"code": .3, "web": .7})),
+    (C6Cfg({}, pair=[1, 2]), C6Cfg({}, pair=(1, 2))),
+    (C6Cfg({}, items=(1, 2)), C6Cfg({}, items=[1, 2])),
+    (C6Cfg({}, path=pathlib.PurePosixPath("data/x")), C6Cfg({}, path="data/x")),
+    (C6Cfg({}, loose=(1, (2, 3))), C6Cfg({}, loose=[1, [2, 3]])),
+    (C6Cfg({}, loose={"b": pathlib.PurePosixPath("p"), "a": 1}), C6Cfg({}, loose={"a": 1, "b": "p"})),
+    (C6Cfg({}, nested={"x": {"z": 1, "y": 2}}), C6Cfg({}, nested={"x": {"y": 2, "z": 1}})),
+])
+def test_c6_values_with_one_digest_reach_the_step_as_one_value(a, b):
+    digest_a, got_a = _received(a)
+    digest_b, got_b = _received(b)
+    assert digest_a == digest_b  # one recipe...
+    assert repr(got_a) == repr(got_b)  # ...so one value, whichever spelling the voyage used
+    assert json.dumps(got_a.weights) == json.dumps(got_b.weights)
+    assert type(got_a.pair) is tuple and type(got_a.items) is list  # the declared sequence types
+
