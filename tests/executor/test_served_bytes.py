@@ -137,3 +137,32 @@ def test_c6_values_with_one_digest_reach_the_step_as_one_value(a, b):
     assert json.dumps(got_a.weights) == json.dumps(got_b.weights)
     assert type(got_a.pair) is tuple and type(got_a.items) is list  # the declared sequence types
 
+
+# -- critical 2: a step type made with functools.partial, or from a callable object -------------
+
+def _c2_body(config, ctx, mode="upper"):
+    return mode
+
+
+class _C2Callable:
+    mode = "lower"
+
+    def __call__(self, config, ctx):
+        return self.mode
+
+    def method(self, config, ctx):
+        return self.mode
+
+
+@pytest.mark.parametrize("fn, what", [
+    (functools.partial(_c2_body, mode="lower"), "functools.partial"),
+    (_C2Callable(), "_C2Callable"),
+    (_C2Callable().method, "method"),
+    (print, "builtin"),
+])
+def test_c2_a_step_type_with_bound_values_outside_its_config_is_refused(fn, what):
+    # bound arguments are neither in the digest nor in the fingerprint: the values would change
+    # the bytes under one recipe. A step type is a plain function; its values come from its config.
+    with pytest.raises(VoyageError, match="a plain function") as e:
+        step_type(version="1", name="c2_make")(fn)
+    assert what in str(e.value)
