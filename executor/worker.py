@@ -137,7 +137,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         store.clear_temporaries(folder)
 
     lease = None if task.token is None else LeaseRef(task.prefix, task.dirname, task.token, task.lease_ttl,
-                                                     dict(task.storage_options))
+                                                     dict(task.storage_options), attempt=number)
     ctx = StepContext(name=task.name, output=store.url(folder), digest=task.digest, attempt=number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
                       provenance=copy.deepcopy(task.provenance), lease=lease)

@@ -166,3 +166,69 @@ def test_c2_a_step_type_with_bound_values_outside_its_config_is_refused(fn, what
     with pytest.raises(VoyageError, match="a plain function") as e:
         step_type(version="1", name="c2_make")(fn)
     assert what in str(e.value)
+
+
+# -- critical 5: a Ray retry of a resumable step, the first try still alive --------------------
+
+GATES: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class C5Parts:
+    n: int
+    gate: str = ""
+
+
+@step_type(version="1", name="c5_resumable_parts", resumable=True)
+def c5_parts(config: C5Parts, ctx) -> None:
+    for i in range(config.n):
+        with ctx.open(f"part-{i}.txt", "w") as f:  # a resumable step's write: fenced
+            f.write(f"part {i} by attempt {ctx.attempt}\n")
+        if config.gate and i == 0 and config.gate in GATES:
+            GATES.pop(config.gate).wait(30)
+
+
+@pytest.fixture(params=["local", "memory"])
+def prefix(request, tmp_path):
+    return str(tmp_path / "p") if request.param == "local" else f"memory://served-{os.getpid()}-{id(tmp_path)}"
+
+
+def test_c5_a_ray_retry_of_a_resumable_step_fences_out_the_first_try_still_alive(prefix):
+    """Ray reruns a task after a presumed node loss with the same spec, so the same lease token:
+    the retry resumes the same folder. The first try, alive after all, must stop before its next
+    write there, as it cannot commit: the fence checks the attempt the status names, not only the
+    token."""
+    import threading
+
+    from executor.lease import Leases, Owner
+    from executor.plan import make_plan
+    from executor.runner import Runner
+    from executor.store import Store
+    from executor.worker import execute
+
+    GATES["c5"] = gate = threading.Event()
+    store = Store(prefix)
+    leases = Leases(store, ttl=30, owner=Owner("driver", 1, "run-c5"))
+    plan = make_plan(build_dag([Step("s", c5_parts, C5Parts(3, gate="c5"))]), store, leases=leases)
+    dirname = plan["s"].node.dirname
+    lease, _ = leases.try_acquire(dirname)
+    task = Runner(plan, None, leases)._task(plan["s"], lease.token)
+    results = []
+    first = threading.Thread(target=lambda: results.append(execute(task)))
+    first.start()
+    import time
+
+    deadline = time.time() + 30
+    while "c5" in GATES or not store.fs.glob(store.path(dirname, ".attempts/*/part-0.txt")):
+        assert time.time() < deadline, "the first try never wrote its first part"
+        time.sleep(0.01)
+    retry = execute(task)  # the same spec, the same token: resumes the first try's folder
+    assert retry.ok and retry.attempt == 2
+    gate.set()
+    first.join(30)
+    assert results[0].lease_lost and not results[0].ok, results[0]
+    served = store.served_dir(dirname)
+    for i in range(3):
+        assert store.fs.cat_file(store.path(served, f"part-{i}.txt")).decode() == f"part {i} by attempt 2\n"
+    record = store.read_record(dirname)
+    assert record.manifest == store.manifest(served)
