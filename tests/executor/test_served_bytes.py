@@ -200,10 +200,10 @@ def test_c5_a_ray_retry_of_a_resumable_step_fences_out_the_first_try_still_alive
     token."""
     import threading
 
-    from executor.lease import Leases, Owner
+    from executor.storage.lease import Leases, Owner
     from executor.plan import make_plan
     from executor.runner import Runner
-    from executor.store import Store
+    from executor.storage.store import Store
     from executor.worker import execute
 
     GATES["c5"] = gate = threading.Event()
