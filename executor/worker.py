@@ -39,7 +39,8 @@ from typing import Any
 from executor.storage import attempts as layout
 from executor import environment
 from executor.context import LeaseRef, Mapper, StepContext, local_map
-from executor.failures import classify
+from executor import fingerprint, loaded_code
+from executor.failures import StepFailure, classify
 from executor.storage.lease import Leases
 from executor.refs import resolve
 from executor.state import StepState
@@ -144,9 +145,11 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
     try:
         config = resolve(task.config, dirs.__getitem__, store.url(folder))
+        _check_loaded_code(task)
         task.step_type.fn(config, ctx)
         manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
+        _check_loaded_code(task)  # again: what the step imported while it ran
         _check_inputs_unchanged(store, task, before)
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
@@ -202,6 +205,18 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         write_alias(store, task.name, task.dirname, folder_rel)
     return TaskResult(task.name, True, output_digest=digest_out, attempt=number, started=started,
                       ended=time.time(), status=done)
+
+
+class CodeMismatch(StepFailure):
+    """The code this worker runs is not the code the plan fingerprinted (executor.loaded_code):
+    the record would say the wrong code made the output."""
+
+
+def _check_loaded_code(task: TaskSpec) -> None:
+    if task.code_parts and task.code_fingerprint.partition(":")[0] == fingerprint.SCHEME:
+        why = loaded_code.mismatch(task.code_parts)
+        if why:
+            raise CodeMismatch(f"{task.name}: {why}")
 
 
 class InputChanged(RuntimeError):

@@ -232,3 +232,98 @@ def test_c5_a_ray_retry_of_a_resumable_step_fences_out_the_first_try_still_alive
         assert store.fs.cat_file(store.path(served, f"part-{i}.txt")).decode() == f"part {i} by attempt 2\n"
     record = store.read_record(dirname)
     assert record.manifest == store.manifest(served)
+
+
+# -- critical 3: the fingerprint is of the files on disk, not of the code that runs -------------
+
+C3_STEP = """
+from dataclasses import dataclass
+from executor import step_type
+
+WORD = "A"
+
+@dataclass(frozen=True)
+class C3Cfg:
+    n: int = 1
+
+def word():
+    return "A"
+
+@step_type(version="1")
+def c3_write(config: C3Cfg, ctx):
+    with ctx.open("out.txt", "w") as f:
+        f.write(word() * config.n)
+"""
+
+
+def _c3_run(tmp_path, mod, edit_before_plan):
+    """Plan a step of `mod`, edit its file (before or after planning), run the attempt here."""
+    from executor.plan import make_plan
+    from executor.runner import Runner
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
+    from executor.worker import execute
+
+    path = pathlib.Path(mod.__file__)
+    edited = path.read_text().replace('return "A"', 'return "B"')
+    if edit_before_plan:
+        path.write_text(edited)
+    store = Store(str(tmp_path / "p"))
+    leases = Leases(store, ttl=30, owner=Owner("driver", 1, "run-c3"))
+    plan = make_plan(build_dag([Step("s", mod.c3_write, mod.C3Cfg(2))]), store, leases=leases)
+    lease, _ = leases.try_acquire(plan["s"].node.dirname)
+    task = Runner(plan, None, leases)._task(plan["s"], lease.token)  # the driver fingerprints its files
+    if not edit_before_plan:
+        path.write_text(edited)
+    result = execute(task)
+    return store, plan["s"].node.dirname, result
+
+
+def test_c3_a_process_that_imported_a_module_before_its_edit_fails_the_attempt(module, tmp_path):
+    # (b) a long-lived process: the plan fingerprints the edited file, the process runs the old code
+    mod = module("c3_long_lived", C3_STEP.replace("c3_write", "c3_write_b"))
+    mod.c3_write = mod.c3_write_b
+    store, dirname, result = _c3_run(tmp_path, mod, edit_before_plan=True)
+    assert not result.ok and "CodeMismatch" in result.error and "module c3_long_lived" in result.error, result
+    assert "imported is not its file" in result.error and "\n" not in result.error
+    assert store.read_status(dirname).state == "FAILED" and store.read_status(dirname).served() is None
+
+
+def test_c3_a_worker_whose_checkout_differs_from_the_plans_fails_the_attempt(module, tmp_path):
+    # (c) the plan's fingerprint is the driver's files; this worker's file is another
+    mod = module("c3_behind", C3_STEP.replace("c3_write", "c3_write_c"))
+    mod.c3_write = mod.c3_write_c
+    store, dirname, result = _c3_run(tmp_path, mod, edit_before_plan=False)
+    assert not result.ok and "module c3_behind" in result.error and "checkout" in result.error, result
+
+
+def test_c3_stale_bytecode_is_found(tmp_path, monkeypatch):
+    # (a) an edit of the same size within the same mtime second: Python imports the old .pyc
+    from executor import loaded_code
+    from executor.fingerprint import code_fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "c3_stale.py"
+    path.write_text(textwrap.dedent(C3_STEP.replace("c3_write", "c3_write_a")))
+    stat = os.stat(path)
+    importlib.invalidate_caches()
+    first = importlib.import_module("c3_stale")
+    assert first.word() == "A"
+    path.write_text(textwrap.dedent(C3_STEP.replace("c3_write", "c3_write_a")).replace('return "A"', 'return "B"'))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and mtime: the .pyc looks fresh
+    del sys.modules["c3_stale"]
+    again = importlib.import_module("c3_stale")
+    assert again.word() == "A"  # the stale bytecode ran, while the file says "B"
+    fp = code_fingerprint(again.c3_write_a, again.C3Cfg)  # the plan hashes the file: "B"
+    why = loaded_code.mismatch(fp.parts)
+    assert why and why.startswith("module c3_stale:") and "word differs" in why, why
+    sys.modules.pop("c3_stale", None)
+
+
+def test_c3_code_as_on_record_passes(module):
+    from executor import loaded_code
+    from executor.fingerprint import code_fingerprint
+
+    mod = module("c3_fine", C3_STEP.replace("c3_write", "c3_write_ok"))
+    assert loaded_code.mismatch(code_fingerprint(mod.c3_write_ok, mod.C3Cfg).parts) is None
