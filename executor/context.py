@@ -29,7 +29,7 @@ from executor.storage.store import url_to_fs
 
 # Names of the executor's own files: a step that wrote them would corrupt its status, record or
 # lease (an earlier `ctx.open(".status", "w")` livelocked a run on "corrupt status" forever).
-RESERVED = frozenset({".status", ".step.json", ".lease", ".attempts"})
+RESERVED = frozenset({".status", ".step.json", ".lease", ".attempts", ".resolved.json"})
 
 
 def own_path(step: str, parts: Sequence[str]) -> list[str]:

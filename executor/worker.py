@@ -107,6 +107,12 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
     _close_dead_attempts(attempts, current)
     clean = _starts_clean(task, previous, attempts, inputs)
+    earlier: dict[str, tuple] = {}  # what the lineage's folder was made from through names (critical 4)
+    if task.step_type.resumable and not clean and current is not None and current.state != SUCCESS and current.dir:
+        earlier = _read_resolved(store, f"{task.dirname}/{current.dir}")
+        clean = _resolved_changed(earlier, "since the attempt that left the folder")
+        if clean:
+            clean, earlier = "starts clean: " + clean, {}
     number = max([a.number for a in attempts] + [current.attempt if current is not None else 0]) + 1
     resumes = task.step_type.resumable and not clean and current is not None and current.state != SUCCESS \
         and current.dir and previous is not None and previous.digest == task.digest
@@ -143,14 +149,22 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
                       provenance=copy.deepcopy(task.provenance), lease=lease)
     dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
+    resolved = layout.Resolved(on_new=lambda r: store.write_json(
+        store.path(folder, layout.RESOLVED), {k: list(v) for k, v in sorted(r.seen.items())}))
+    resolved.seen.update(earlier)
     try:
         config = resolve(task.config, dirs.__getitem__, store.url(folder))
         _check_loaded_code(task)
-        task.step_type.fn(config, ctx)
+        with resolved:
+            task.step_type.fn(config, ctx)
         manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
         _check_loaded_code(task)  # again: what the step imported while it ran
         _check_inputs_unchanged(store, task, before)
+        changed = _resolved_changed(resolved.seen, f"while {task.name} read it")
+        if changed:
+            raise InputChanged(f"{changed}: another executor reran it; this attempt is not committed; "
+                               f"run {task.name} again")
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
         # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
@@ -266,6 +280,32 @@ def _check_inputs_unchanged(store: Store, task: TaskSpec, before: dict[str, Stat
     if changed:
         raise InputChanged(f"{'; '.join(changed)}: another executor reran it; this attempt is not "
                            f"committed; run {task.name} again")
+
+
+def _read_resolved(store: Store, folder: str) -> dict[str, tuple]:
+    """What an attempt in `folder` recorded it resolved (executor.storage.attempts.Resolved)."""
+    import json
+
+    try:
+        data = json.loads(store.fs.cat_file(store.path(folder, layout.RESOLVED)))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        return {"(unreadable .resolved.json)": ()}  # never resume from what cannot be checked
+    return {str(k): tuple(v) for k, v in data.items()} if isinstance(data, dict) else {"(bad .resolved.json)": ()}
+
+
+def _resolved_changed(seen: dict[str, tuple], when: str) -> str:
+    """"" if every output an attempt reached through other outputs' names still serves what it
+    did; else one phrase naming the first that changed."""
+    for folder, key in sorted(seen.items()):
+        now = layout.current_key(folder) if key else None
+        if now is None or tuple(now) != tuple(key):
+            name = folder.rstrip("/").rpartition("/")[2]
+            what = "has no output now" if now is None else \
+                f"attempt {key[0] if key else '?'} -> {now[0]}, output {str(key[3] if key else '')[:10]} -> {str(now[3])[:10]}"
+            return f"output {name} (read through another output's names) changed {when} ({what})"
+    return ""
 
 
 def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt], inputs: list[InputInfo]) -> str:

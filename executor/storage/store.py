@@ -50,7 +50,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
-CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
+CONTROL_FILES = frozenset({STATUS, RECORD, LEASE, ".resolved.json"})  # the last: executor.storage.attempts.RESOLVED
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
 

@@ -327,3 +327,139 @@ def test_c3_code_as_on_record_passes(module):
 
     mod = module("c3_fine", C3_STEP.replace("c3_write", "c3_write_ok"))
     assert loaded_code.mismatch(code_fingerprint(mod.c3_write_ok, mod.C3Cfg).parts) is None
+
+
+# -- critical 4: outputs reached through names inside other outputs -----------------------------
+
+C4 = {"bytes": "old", "pause": None, "paused": None, "kill": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class C4W:
+    n: int = 2
+
+
+@step_type(version="1", name="c4_w")
+def c4_w(config: C4W, ctx) -> None:
+    for part in ("a", "b"):
+        with ctx.open(f"{part}.txt", "w") as f:
+            f.write(f"{C4['bytes']}-{part}")
+
+
+@dataclasses.dataclass(frozen=True)
+class C4Index:
+    w: str
+
+
+@step_type(version="1", name="c4_index")
+def c4_index(config: C4Index, ctx) -> None:
+    from steps.data.refs import ref
+
+    with ctx.open("names.txt", "w") as f:
+        f.write(ref(ctx, config.w))  # a name relative to the index: resolved through w's .status
+
+
+def _c4_read_through(config, ctx):
+    from steps.data.refs import resolve
+
+    with ctx.open_input(config.index, "names.txt", "r") as f:
+        w = resolve(f.read(), config.index)
+    parts = []
+    for part in ("a", "b"):
+        with ctx.open_input(w, f"{part}.txt", "r") as f:
+            parts.append(f.read())
+        if part == "a" and C4["pause"] is not None:
+            C4["paused"].set()
+            C4["pause"].wait(30)
+        if part == "a" and C4["kill"]:
+            raise SystemExit("preempted")  # killed after its checkpoint: the status stays RUNNING
+    return parts
+
+
+@dataclasses.dataclass(frozen=True)
+class C4Consumer:
+    index: str
+
+
+@step_type(version="1", name="c4_consumer")
+def c4_consumer(config: C4Consumer, ctx) -> None:
+    parts = _c4_read_through(config, ctx)
+    with ctx.open("joined.txt", "w") as f:
+        f.write("+".join(parts))
+
+
+@step_type(version="1", name="c4_resumable", resumable=True)
+def c4_resumable(config: C4Consumer, ctx) -> None:
+    done = ctx.exists("ckpt-a.txt")
+    if not done:
+        with ctx.open("ckpt-a.txt", "w") as f:
+            f.write("checkpoint")
+    parts = _c4_read_through(config, ctx) if not done else ["(resumed)"]
+    with ctx.open("joined.txt", "w") as f:
+        f.write("+".join(parts))
+
+
+def _c4_plan(prefix, consumer_type):
+    from executor import output_of
+    from executor.plan import make_plan
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
+
+    w = Step("w", c4_w, C4W())
+    idx = Step("idx", c4_index, C4Index(output_of(w)))
+    consumer = Step("c", consumer_type, C4Consumer(output_of(idx)))
+    store = Store(prefix)
+    leases = Leases(store, ttl=30, owner=Owner("driver", 1, f"run-c4-{os.getpid()}"))
+    return store, leases, make_plan(build_dag([consumer]), store, leases=leases)
+
+
+def _c4_execute(store, leases, plan, name):
+    from executor.runner import Runner
+    from executor.worker import execute
+
+    dirname = plan[name].node.dirname
+    lease, _ = leases.try_acquire(dirname)
+    try:
+        return execute(Runner(plan, None, leases)._task(plan[name], lease.token))
+    finally:
+        leases.release(dirname, leases.holder(dirname))
+
+
+def test_c4_an_output_read_through_an_index_and_rerun_meanwhile_fails_the_consumer(tmp_path):
+    import threading
+
+    C4.update(bytes="old", pause=threading.Event(), paused=threading.Event(), kill=False)
+    store, leases, plan = _c4_plan(str(tmp_path / "p"), c4_consumer)
+    for name in ("w", "idx"):
+        assert _c4_execute(store, leases, plan, name).ok
+    C4["pause"], pause = None, C4["pause"]
+    results = []
+    C4["pause"] = pause
+    reader = threading.Thread(target=lambda: results.append(_c4_execute(store, leases, plan, "c")))
+    reader.start()
+    assert C4["paused"].wait(30)
+    C4["pause"] = None  # the rerun below must not pause
+    C4["bytes"] = "new"
+    assert _c4_execute(store, leases, plan, "w").ok  # another executor's --rerun w: new bytes
+    pause.set()
+    reader.join(30)
+    result = results[0]
+    assert not result.ok and "w-" in result.error and "changed while c read it" in result.error, result
+    assert store.read_status(plan["c"].node.dirname).served() is None  # never SUCCESS on old-a+new-b
+
+
+def test_c4_a_resumable_step_never_resumes_across_a_change_of_an_output_it_read_through_names(tmp_path):
+    C4.update(bytes="old", pause=None, paused=None, kill=True)
+    store, leases, plan = _c4_plan(str(tmp_path / "p"), c4_resumable)
+    for name in ("w", "idx"):
+        assert _c4_execute(store, leases, plan, name).ok
+    with pytest.raises(SystemExit):
+        _c4_execute(store, leases, plan, "c")  # preempted after its checkpoint
+    first_dir = store.read_status(plan["c"].node.dirname).dir
+    C4.update(bytes="new", kill=False)
+    assert _c4_execute(store, leases, plan, "w").ok  # w rerun without --downstream
+    result = _c4_execute(store, leases, plan, "c")
+    assert result.ok, result
+    status = store.read_status(plan["c"].node.dirname)
+    assert status.dir != first_dir  # a fresh folder: no resume across the change
+    assert store.fs.cat_file(store.path(plan["c"].node.dirname, status.dir, "joined.txt")).decode() == "new-a+new-b"
