@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import pathlib
+import sys
 import types
 import typing
 from typing import Any, Callable
@@ -50,7 +51,7 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if t is str:
         return ["str", value]
     if t is int and kind != "float":
-        return ["int", str(value)]
+        return ["int", _int_text(value, path)]
     if t is InputRef:
         return ["ref", digest_of(value), value.subpath]
     if value is None:
@@ -62,7 +63,7 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if isinstance(value, int):
         if kind == "float":
             return ["float", _exact_float(value, path).hex()]
-        return ["int", str(value)]
+        return ["int", _int_text(int(value), path)]
     if isinstance(value, float):
         if math.isnan(value):
             raise IdentityError(f"{path}: NaN has no identity (it is not equal to itself)")
@@ -107,13 +108,21 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
         "use plain values, dataclasses, enums, lists, dicts or output_of(...)")
 
 
+def _int_text(value: int, path: str) -> str:
+    try:
+        return str(value)
+    except ValueError:  # past Python's limit on int-to-text conversion (4,300 digits)
+        raise IdentityError(f"{path}: an integer of about {int(value.bit_length() * 0.30103) + 1} digits; "
+                            f"a config value must be written out in at most {sys.get_int_max_str_digits()} digits") from None
+
+
 def _exact_float(value: int, path: str) -> float:
     try:
         as_float = float(value)
     except OverflowError:
         as_float = math.inf
     if as_float != value:
-        raise IdentityError(f"{path}: {value} in a field declared float has no exact float value")
+        raise IdentityError(f"{path}: {_int_text(value, path)} in a field declared float has no exact float value")
     return as_float
 
 

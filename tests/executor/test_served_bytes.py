@@ -463,3 +463,86 @@ def test_c4_a_resumable_step_never_resumes_across_a_change_of_an_output_it_read_
     status = store.read_status(plan["c"].node.dirname)
     assert status.dir != first_dir  # a fresh folder: no resume across the change
     assert store.fs.cat_file(store.path(plan["c"].node.dirname, status.dir, "joined.txt")).decode() == "new-a+new-b"
+
+
+# -- majors 3 and 4, and the CLI's minors: one line, exit 2, nothing written ---------------------
+
+CLI_VOYAGE = """
+from dataclasses import dataclass
+from executor import Step, step_type
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 2
+
+@dataclass(frozen=True)
+class C:
+    n: int = 0
+
+@step_type(version="1")
+def served_cli_t(config: C, ctx):
+    pass
+
+def voyage(config: Cfg):
+    return [Step("s", served_cli_t, C(n=config.n))]
+"""
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["--lease-ttl", "0.001"], {}, "--lease-ttl"),  # major 3: the floor
+    (["--lease-ttl", "1e300"], {}, "--lease-ttl"),  # major 3: the ceiling (threading.TIMEOUT_MAX)
+    ([], {"MARIN_LEASE_TTL": "0.01"}, "MARIN_LEASE_TTL"),
+    (["--prefix", "gs://"], {}, "--prefix"),  # major 4: an unset $BUCKET
+    (["--prefix", "gs:///x"], {}, "--prefix"),
+    (["--prefix", "ftp://"], {}, "--prefix"),
+    (["--prefix", "nosuchproto://b/x"], {}, "nosuchproto"),
+    (["--n", "1" + "0" * 5000], {}, "config"),  # a config value of 10**5000
+    (["--config_path", "/nonexistent/c.yaml"], {}, "/nonexistent/c.yaml"),
+])
+def test_bad_settings_prefixes_and_values_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch,
+                                                                                args, env, words):
+    from executor.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path = tmp_path / "v.py"
+    path.write_text(textwrap.dedent(CLI_VOYAGE))
+    code = main([str(path), "--dry-run", *args])
+    _, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("marin-run: error: "), err
+    assert words in lines[0], lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["v.py"]
+
+
+def test_s3_without_s3fs_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    from executor.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # not installed, whatever this machine has
+    path = tmp_path / "v.py"
+    path.write_text(textwrap.dedent(CLI_VOYAGE))
+    code = main([str(path), "--dry-run", "--prefix", "s3://bucket/x"])
+    _, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "s3fs" in lines[0], err
+
+
+def test_a_config_value_of_ten_to_the_5000_in_a_voyage_is_an_identity_error_naming_the_field():
+    from executor.errors import IdentityError
+
+    with pytest.raises(IdentityError, match=r"config.weights\['n'\]: an integer of about 5001 digits"):
+        build_dag([Step("big", c3_like_t, C6Cfg({"n": 10**5000}))])
+    with pytest.raises(IdentityError, match=r"config.n: an integer"):
+        build_dag([Step("big2", c3_like_t, _BigCfg(10**5000))])
+
+
+@dataclasses.dataclass(frozen=True)
+class _BigCfg:
+    n: int = 0
+
+
+@step_type(version="1", name="served_big_t")
+def c3_like_t(config, ctx):
+    pass
