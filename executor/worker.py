@@ -135,8 +135,12 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     running = Status(state=RUNNING, digest=task.digest, attempt=number, token=task.token, dir=folder_rel,
                      committed=committed)
     with leases.fence(task.dirname, task.token) as ours:
-        if ours:  # the status first: from here on a crash leaves an attempt that is never served
-            store.write_status(task.dirname, running)
+        # the status first: from here on a crash leaves an attempt that is never served. A swap
+        # against the status read at the start, not a plain write: a writer that passed its fence
+        # check and then stalled past the ttl (an object store's fence is a check, then writes)
+        # must not land RUNNING over the SUCCESS another executor committed meanwhile (issue 28)
+        ours = ours and store.swap_status(task.dirname, current, running)  # type: ignore[arg-type]
+        if ours:
             store.write_record(folder, record)
     if not ours:
         return _lost(task, attempt, started)

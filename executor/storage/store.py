@@ -18,12 +18,14 @@ another reason than "not found" (DNS, 403, timeout, a folder where the file shou
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import posixpath
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, fields, replace
@@ -50,6 +52,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
+_SWAP_LOCK = threading.Lock()
 CONTROL_FILES = frozenset({STATUS, RECORD, LEASE, ".resolved.json"})  # the last: executor.storage.attempts.RESOLVED
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
@@ -337,7 +340,7 @@ class Store:
         record.updated = time.time()
         self.write_json(self.path(folder, RECORD), json.loads(record.model_dump_json()))
 
-    def swap_status(self, dirname: str, expect: Status, new: Status) -> bool:
+    def swap_status(self, dirname: str, expect: Status | None, new: Status) -> bool:
         """Replace `.status` with `new` only if it still names the attempt of `expect` (state,
         attempt, token and folder): the commit. Atomic on every store; on GCS one write with
         `ifGenerationMatch` of the status read, so nothing written in between is overwritten.
@@ -352,10 +355,13 @@ class Store:
             if key(current) != key(expect):
                 return False
             data = json.dumps(new.model_dump(), indent=1, sort_keys=True).encode()
-            return gcs.write_if_generation(self.fs, path, data, found.generation)
-        if key(self.read_status(dirname)) != key(expect):
-            return False
-        self.write_status(dirname, new)
+            return gcs.write_if_generation(self.fs, path, data, found.generation if found is not None else 0)
+        with contextlib.nullcontext() if self.is_local else _SWAP_LOCK:
+            # local: the caller's fence holds the lease's flock; elsewhere (memory://, tests) a lock
+            # of the process makes read, compare and write one step, as a generation match does
+            if key(self.read_status(dirname)) != key(expect):
+                return False
+            self.write_status(dirname, new)
         return True
 
     def newest_sibling_record(self, name: str, exclude: str | None = None) -> Record | None:

@@ -546,3 +546,44 @@ class _BigCfg:
 @step_type(version="1", name="served_big_t")
 def c3_like_t(config, ctx):
     pass
+
+
+# -- major 2: a stalled first write must not land over another executor's commit ----------------
+
+def test_major2_a_stalled_first_write_never_overwrites_another_executors_commit(monkeypatch):
+    """On an object store the fence is a check, then writes: a writer A that passed its check and
+    stalled past the ttl must not land RUNNING over the SUCCESS that B committed meanwhile.
+    memory:// (whose conditional write is a lock of the process) stands for GCS's generation match."""
+    import contextlib
+
+    from executor import worker
+    from executor.plan import make_plan
+    from executor.runner import Runner
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
+
+    store = Store(f"memory://served-major2-{os.getpid()}")
+    leases_a = Leases(store, ttl=30, owner=Owner("a", 1, "run-a"))
+    leases_b = Leases(store, ttl=30, owner=Owner("b", 2, "run-b"))
+    plan = make_plan(build_dag([Step("s", c3_like_t, _BigCfg(7))]), store, leases=leases_a)
+    dirname = plan["s"].node.dirname
+    lease_a, _ = leases_a.try_acquire(dirname)
+    task_a = Runner(plan, None, leases_a)._task(plan["s"], lease_a.token)
+    real_fence, stalled = Leases.fence, []
+
+    @contextlib.contextmanager
+    def fence(self, d, token):
+        with real_fence(self, d, token) as ours:
+            if token == lease_a.token and not stalled:  # A passed its check; now it stalls past the ttl
+                stalled.append(True)
+                leases_a.release(dirname, leases_a.holder(dirname))  # (its lease expired)
+                lease_b, _ = leases_b.try_acquire(dirname)
+                assert worker.execute(Runner(plan, None, leases_b)._task(plan["s"], lease_b.token)).ok
+                assert store.read_status(dirname).state == "SUCCESS"
+            yield ours
+
+    monkeypatch.setattr(Leases, "fence", fence)
+    result = worker.execute(task_a)
+    assert stalled and not result.ok and result.lease_lost, result
+    status = store.read_status(dirname)
+    assert status.state == "SUCCESS" and status.served() is not None  # B's commit is still served
