@@ -115,9 +115,12 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             clean, earlier = "starts clean: " + clean, {}
     number = max([a.number for a in attempts] + [current.attempt if current is not None else 0]) + 1
     resumes = task.step_type.resumable and not clean and current is not None and current.state != SUCCESS \
-        and current.dir and previous is not None and previous.digest == task.digest
-    folder_rel = current.dir if resumes else layout.new_dir(number)  # type: ignore[union-attr]
-    folder = f"{task.dirname}/{folder_rel}"
+        and previous is not None and previous.digest == task.digest
+    # A folder from before attempts had folders (its status has no `dir`: its checkpoints are at its
+    # root) is adopted as it is: the attempt resumes at the root, and commits it as the old layout
+    # is served. A new folder would start from step 0 and leave the old checkpoints to --gc (issue 28).
+    folder_rel = (current.dir or "") if resumes else layout.new_dir(number)  # type: ignore[union-attr]
+    folder = f"{task.dirname}/{folder_rel}" if folder_rel else task.dirname
     attempt = Attempt(number=number, state=RUNNING, started=started, host=socket.gethostname(),
                       pid=os.getpid(), node=node, run_id=task.run_id, token=task.token,
                       reason=task.reason + (f"; {clean}" if clean and task.step_type.resumable else ""))

@@ -432,8 +432,8 @@ class Store:
             found = {}
         for path, info in sorted(found.items()):
             rel = posixpath.relpath(path, folder)
-            if rel in CONTROL_FILES or info.get("type") == "directory":
-                continue
+            if rel in CONTROL_FILES or info.get("type") == "directory" or rel.startswith(".attempts/"):
+                continue  # (an old-layout folder's root may hold attempt folders: never its data)
             if info.get("islink") and self.is_local and os.path.isdir(path):
                 continue  # a link to a folder (W&B's `latest-run`): its files are listed on their own
             if is_log is not None and is_log(rel):

@@ -587,3 +587,51 @@ def test_major2_a_stalled_first_write_never_overwrites_another_executors_commit(
     assert stalled and not result.ok and result.lease_lost, result
     status = store.read_status(dirname)
     assert status.state == "SUCCESS" and status.served() is not None  # B's commit is still served
+
+
+# -- major 1: the upgrade path: an interrupted resumable output from before attempt folders --------
+
+@step_type(version="1", name="served_m1_train", resumable=True)
+def m1_train(config: _BigCfg, ctx) -> None:
+    if ctx.exists("ckpt-0100.txt"):
+        with ctx.open("ckpt-0100.txt", "r") as f:
+            start = f.read()
+    else:
+        start = "step 0"
+    with ctx.open("final.txt", "w") as f:
+        f.write(f"trained on from {start}")
+
+
+def test_major1_an_old_layout_running_resumable_folder_is_adopted_and_resumed(tmp_path):
+    """Written before attempts had folders: `.status` RUNNING without `dir`, the record and the
+    checkpoints at the folder's root. The next run resumes there (attempt 0 adopted), never from
+    step 0 in a new folder that would leave the 90-day run's checkpoints to --gc."""
+    from executor.plan import make_plan
+    from executor.runner import Runner
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.records import Attempt, Record
+    from executor.storage.store import Status, Store
+    from executor.worker import execute
+
+    store = Store(str(tmp_path / "p"))
+    leases = Leases(store, ttl=30, owner=Owner("driver", 1, "run-m1"))
+    plan = make_plan(build_dag([Step("train", m1_train, _BigCfg(3))]), store, leases=leases)
+    d = plan["train"]
+    dirname, digest = d.node.dirname, d.node.digest
+    store.write_record(dirname, Record(name="train", step_type="served_m1_train", version="1", digest=digest,
+                                       scheme="marin-voyage/identity/1", output_path=store.url(dirname),
+                                       code_fingerprint=plan.dag.fingerprint(d.node).digest,
+                                       attempts=[Attempt(number=1, state="RUNNING", started=1.0, token=1)]))
+    with open(os.path.join(store.path(dirname), "ckpt-0100.txt"), "w") as f:
+        f.write("step 100")
+    store.write_status(dirname, Status(state="RUNNING", digest=digest, attempt=1, token=1))
+    plan = make_plan(build_dag([Step("train", m1_train, _BigCfg(3))]), store, leases=leases)
+    lease, _ = leases.try_acquire(dirname)
+    result = execute(Runner(plan, None, leases)._task(plan["train"], lease.token))
+    assert result.ok, result
+    status = store.read_status(dirname)
+    assert status.state == "SUCCESS" and not status.dir  # served from the root, as old folders are
+    assert store.fs.cat_file(store.path(dirname, "final.txt")).decode() == "trained on from step 100"
+    assert not store.fs.exists(store.path(dirname, ".attempts"))
+    record = store.read_record(dirname)
+    assert [a.state for a in record.attempts] == ["INTERRUPTED", "SUCCESS"]
