@@ -12,6 +12,7 @@ import bisect
 import dataclasses
 import functools
 import inspect
+import math
 import re
 import sys
 import textwrap
@@ -56,6 +57,10 @@ class Resources:
     custom: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        amounts = [self.cpus, self.gpus, *([self.memory_gb] if self.memory_gb is not None else []),
+                   *(v for _, v in (self.custom.items() if isinstance(self.custom, dict) else self.custom))]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in amounts):
+            raise VoyageError(f"Resources: every amount must be a finite number, got {self}")
         if self.cpus < 0 or self.gpus < 0 or (self.memory_gb is not None and self.memory_gb < 0):
             raise VoyageError(f"Resources: negative amount in {self}")
         if self.workers < 1:
@@ -417,7 +422,7 @@ class Step:
         self._origin = _caller_origin()  # its text is worked out only if an error message shows it
         if not isinstance(name, str) or not _NAME_RE.match(name) or _ALIASING & set(name.split("/")):
             raise VoyageError(
-                f"{self.origin}: bad step name {name!r}: use letters, digits and . _ - / "
+                f"{self.origin}: bad step name {name!r}: use ASCII letters, digits and . _ - / "
                 "(no leading or trailing '/', no empty, '.' or '..' segment)")
         if not isinstance(type, StepType):
             raise VoyageError(f"{self.origin}: step {name!r}: {type!r} is not a step type "

@@ -477,7 +477,7 @@ def _read_leases(store: Store, outputs: dict[str, Output], ttl: float, now: floa
         if isinstance(data, BaseException):
             raise store_error("read the lease", store.to_url(p), data)
         try:
-            outputs[d].lease = LeaseInfo(**json.loads(data))
+            outputs[d].lease = LeaseInfo.parse(data)
         except (ValueError, TypeError):
             outputs[d].lease = LeaseInfo.unreadable_since(outputs[d].files[LEASE].mtime, ttl)
 

@@ -53,6 +53,8 @@ STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
 _SWAP_LOCK = threading.Lock()
+# what a status's `dir` may name: one attempt folder of its own output (executor.storage.attempts.new_dir)
+_ATTEMPT_DIR = re.compile(r"\.attempts/(?!\.\.?$)[A-Za-z0-9._-]+")
 CONTROL_FILES = frozenset({STATUS, RECORD, LEASE, ".resolved.json"})  # the last: executor.storage.attempts.RESOLVED
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
@@ -280,8 +282,18 @@ class Store:
             data = raw.get(p) if raw else None
             if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
                 raise error("read", self.to_url(p), data)
-            out[d] = _parse_status(p, data)
+            status = out[d] = _parse_status(p, data)
+            if self.is_local and status is not None and self.missing_dir(d, status):
+                log.warning("status %s names attempt folder %s, which does not exist; treating the step as not "
+                            "done", p, (status.served() or status).dir)
+                out[d] = None
         return out
+
+    def missing_dir(self, dirname: str, status: Status) -> bool:
+        """Whether the attempt folder that `status` serves is missing (a local disk only: one
+        stat; elsewhere it is found when read). Such a status is corrupt, never CACHED."""
+        served = status.served()
+        return served is not None and bool(served.dir) and not os.path.isdir(self.path(dirname, served.dir))
 
     def _bounded(self, call: Any, action: str, where: str, per: int = 1) -> Any:
         """`call()` cut off on async stores (fsspec's `sync` takes the timeout) after
@@ -522,6 +534,9 @@ def parse_status(data: bytes | str) -> tuple[Status | None, str]:
             raise ValueError(f"{status.state} without {', '.join(missing)}")
         if status.committed is not None and status.committed.state != SUCCESS:
             raise ValueError("its committed output is not a SUCCESS")
+        for where in (status, status.committed):
+            if where is not None and where.dir and not _ATTEMPT_DIR.fullmatch(where.dir):
+                raise ValueError(f"dir {where.dir!r} is not an attempt folder of its own (.attempts/ID)")
         return status, ""
     except (ValueError, RecursionError) as e:  # JSON, UTF-8 and field errors are ValueErrors
         return None, (str(e).splitlines() or [type(e).__name__])[0]

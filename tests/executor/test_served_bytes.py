@@ -635,3 +635,51 @@ def test_major1_an_old_layout_running_resumable_folder_is_adopted_and_resumed(tm
     assert not store.fs.exists(store.path(dirname, ".attempts"))
     record = store.read_record(dirname)
     assert [a.state for a in record.attempts] == ["INTERRUPTED", "SUCCESS"]
+
+
+# -- minors -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change", [{"token": "7"}, {"expires": None}, {"token": 7.5}, {"released": "no"},
+                                    {"pid": True}, {"acquired": float("nan")}])
+def test_minor_a_lease_file_of_the_right_keys_and_wrong_types_is_unreadable(tmp_path, change):
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
+
+    store = Store(str(tmp_path / "p"))
+    leases = Leases(store, ttl=30, owner=Owner("a", 1, "run-a"))
+    lease, _ = leases.try_acquire("s-0123456789")
+    path = store.path("s-0123456789", ".lease")
+    data = json.loads(open(path).read())
+    data.update(change)
+    open(path, "w").write(json.dumps(data).replace("NaN", "NaN"))
+    holder = leases.holder("s-0123456789")
+    assert holder.unreadable  # not a traceback, and `"released": "no"` is not "released"
+    other = Leases(store, ttl=30, owner=Owner("b", 2, "run-b"))
+    assert other.try_acquire("s-0123456789")[0] is None  # held for a ttl from its last write
+
+
+def test_minor_a_unicode_step_name_is_refused_saying_ascii_and_nan_cpus_are_refused():
+    with pytest.raises(VoyageError, match="ASCII"):
+        Step("tökenize", c3_like_t, _BigCfg())
+    from executor.step import Resources
+
+    for bad in (dict(cpus=float("nan")), dict(gpus=float("nan")), dict(memory_gb=float("inf")),
+                dict(cpus=float("inf"))):
+        with pytest.raises(VoyageError, match="Resources"):
+            Resources(**bad)
+
+
+@pytest.mark.parametrize("dir_", ["../other-0123456789/.attempts/0001-abcd", ".attempts/../../x", "/abs/path",
+                                  ".attempts/0001-gone"])
+def test_minor_a_status_whose_dir_leaves_the_folder_or_is_missing_is_corrupt_never_cached(tmp_path, dir_):
+    from executor.plan import make_plan
+    from executor.storage.store import Status, Store
+
+    store = Store(str(tmp_path / "p"))
+    dag = build_dag([Step("s", c3_like_t, _BigCfg(5))])
+    dirname = dag["s"].dirname
+    os.makedirs(store.path(dirname, ".attempts/0001-real"))
+    store.write_status(dirname, Status(state="SUCCESS", digest=dag["s"].digest, output_digest="0" * 64, attempt=1,
+                                       token=1, dir=dir_))
+    d = make_plan(dag, store)["s"]
+    assert d.state != "CACHED" and "corrupt" in d.reason, (d.state, d.reason)
