@@ -428,15 +428,16 @@ def _gc(opts: Options) -> int:
     from executor.storage.store import Store
 
     check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
-    dags, pins = [], []
+    dags, pins, named = [], [], []
     for vf, overrides in _split_voyages(opts.voyage, opts.overrides):
+        named.append(" ".join([os.path.basename(vf.path), *overrides]))
         config = _parse_config(vf, overrides)
         dags.append(build_dag(voyage_mod.build_steps(vf, config)))
         pins += gc.voyage_pins(vf, config)
     store = Store(opts.prefix)
     report = gc.collect(store, gc.reached_of(dags), gc.read_pins_file(store) + pins, ttl=opts.lease_ttl)
-    print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''}, "
-          f"{sum(len(d) for d in dags):,} steps reached")
+    print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''} "
+          f"({'; '.join(named)}), {sum(len(d) for d in dags):,} steps reached")
     print(report.table())
     if not opts.yes:
         print("nothing deleted: run again with --yes to delete what is listed" if report.items else "nothing to delete")
