@@ -166,6 +166,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
             task.step_type.fn(config, ctx)
         manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
+        store.sync(folder)  # on a local disk: the files reach the disk before a commit names them
         _check_loaded_code(task)  # again: what the step imported while it ran
         _check_inputs_unchanged(store, task, before)
         changed = _resolved_changed(resolved.seen, f"while {task.name} read it")

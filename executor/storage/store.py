@@ -289,6 +289,32 @@ class Store:
                 out[d] = None
         return out
 
+    def sync(self, dirname: str) -> None:
+        """On a local disk, fsync every file and folder under `dirname` (an attempt's folder),
+        so that a commit record written next never names files a power loss would empty. Object
+        stores keep an upload once it is acknowledged: nothing to do there."""
+        if not self.is_local:
+            return
+        root = self.path(dirname)
+        for folder, _dirs, names in os.walk(root, followlinks=False):
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.islink(path):
+                    continue
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:  # gone meanwhile, or not a regular file: not the step's output
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     def missing_dir(self, dirname: str, status: Status) -> bool:
         """Whether the attempt folder that `status` serves is missing (a local disk only: one
         stat; elsewhere it is found when read). Such a status is corrupt, never CACHED."""

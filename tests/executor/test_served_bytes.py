@@ -683,3 +683,40 @@ def test_minor_a_status_whose_dir_leaves_the_folder_or_is_missing_is_corrupt_nev
                                        token=1, dir=dir_))
     d = make_plan(dag, store)["s"]
     assert d.state != "CACHED" and "corrupt" in d.reason, (d.state, d.reason)
+
+
+def test_minor_a_steps_files_are_fsynced_before_the_commit_on_a_local_disk(tmp_path, monkeypatch):
+    """After a power loss right after a commit, SUCCESS must not name empty files: the attempt's
+    files and folders reach the disk before `.status` says SUCCESS."""
+    from executor.plan import make_plan
+    from executor.runner import Runner
+    from executor.storage.lease import Leases, Owner
+    from executor.storage.store import Store
+    from executor.worker import execute
+
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    real_swap = Store.swap_status
+
+    def swap(self, dirname, expect, new):
+        events.append(("status", new.state))
+        return real_swap(self, dirname, expect, new)
+
+    monkeypatch.setattr(Store, "swap_status", swap)
+    store = Store(str(tmp_path / "p"))
+    leases = Leases(store, ttl=30, owner=Owner("driver", 1, "run-fsync"))
+    plan = make_plan(build_dag([Step("s", c5_parts, C5Parts(3))]), store, leases=leases)
+    lease, _ = leases.try_acquire(plan["s"].node.dirname)
+    assert execute(Runner(plan, None, leases)._task(plan["s"], lease.token)).ok
+    commit = events.index(("status", "SUCCESS"))
+    synced = {path for kind, path in events[:commit] if kind == "fsync"}
+    served = store.path(store.served_dir(plan["s"].node.dirname))
+    for i in range(3):
+        assert os.path.join(served, f"part-{i}.txt") in synced
+    assert served in synced  # the folder: its entries
