@@ -314,6 +314,28 @@ class TokenDataset:
         self._starts = np.array([s.start for s in self.shards] + [start], dtype=np.int64)
         self._doc_starts = np.cumsum([0] + [s.documents for s in self.shards], dtype=np.int64)
         self._maps: dict[str, np.ndarray] = {}
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Each shard's files hold exactly the bytes its manifest says (one listing): a shard cut
+        short (a copy interrupted, a disk that lost a write) would read short without error, and
+        whatever counts tokens would count the short data."""
+        if not self.shards:
+            return
+        folder = posixpath.join(self._root, "shards")
+        try:
+            entries = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            entries = []
+        found = {posixpath.relpath(e["name"].rstrip("/"), folder.rstrip("/")): int(e.get("size") or 0)
+                 for e in entries}
+        for s in self.shards:
+            for suffix, want in (("tokens", s.tokens * self.dtype.itemsize), ("offsets", (s.documents + 1) * 8)):
+                have = found.get(f"{s.name}.{suffix}")
+                if have != want:
+                    what = "is missing" if have is None else f"holds {have} bytes"
+                    raise ValueError(f"{self.url}: shard {s.name}: {s.name}.{suffix} {what}, the manifest says {want} "
+                                     "(cut short or replaced): not read")
 
     @property
     def num_tokens(self) -> int:

@@ -720,3 +720,24 @@ def test_minor_a_steps_files_are_fsynced_before_the_commit_on_a_local_disk(tmp_p
     for i in range(3):
         assert os.path.join(served, f"part-{i}.txt") in synced
     assert served in synced  # the folder: its entries
+
+
+def test_minor_a_token_shard_cut_short_is_an_error_on_open(tmp_path):
+    """A shard whose bytes are fewer than its manifest says (a copy cut short) used to read short
+    without error, and whatever counted its tokens counted the short data."""
+    import numpy as np
+
+    from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenDataset, TokenShardWriter
+
+    folder = tmp_path / "tok"
+    (folder / "shards").mkdir(parents=True)
+    with TokenShardWriter(str(folder / "shards"), "0", np.uint16) as w:
+        w.write(np.arange(100, dtype=np.uint16), np.array([60, 40]))
+    manifest = {"format": TOKENS_FORMAT, "dtype": "uint16", "tokens": 100, "documents": 2,
+                "shards": [{"name": "0", "tokens": 100, "documents": 2}]}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    assert TokenDataset(str(folder)).num_tokens == 100  # whole: opens
+    with open(folder / "shards" / "0.tokens", "r+b") as f:
+        f.truncate(150)  # 75 of 100 tokens
+    with pytest.raises(ValueError, match=r"shard 0: 0.tokens holds 150 bytes, the manifest says 200"):
+        TokenDataset(str(folder))
