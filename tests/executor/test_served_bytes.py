@@ -741,3 +741,27 @@ def test_minor_a_token_shard_cut_short_is_an_error_on_open(tmp_path):
         f.truncate(150)  # 75 of 100 tokens
     with pytest.raises(ValueError, match=r"shard 0: 0.tokens holds 150 bytes, the manifest says 200"):
         TokenDataset(str(folder))
+
+
+def test_minor_a_token_shard_of_the_right_size_and_other_bytes_fails_verify(tmp_path):
+    import numpy as np
+
+    from executor.storage.store import Store
+    from steps.data.formats import MANIFEST, TOKENS_FORMAT, TokenDataset, TokenShardWriter
+
+    folder = tmp_path / "p" / "tok-0123456789"
+    (folder / "shards").mkdir(parents=True)
+    with TokenShardWriter(str(folder / "shards"), "0", np.uint16) as w:
+        w.write(np.arange(100, dtype=np.uint16), np.array([60, 40]))
+    (folder / MANIFEST).write_text(json.dumps({"format": TOKENS_FORMAT, "dtype": "uint16", "tokens": 100,
+                                               "documents": 2, "shards": [{"name": "0", "tokens": 100,
+                                                                           "documents": 2}]}))
+    store = Store(str(tmp_path / "p"))
+    entries = [e.model_dump() for e in store.manifest("tok-0123456789")]  # as the executor records it
+    (folder / ".step.json").write_text(json.dumps({"manifest": entries}))
+    TokenDataset(str(folder), verify=True)  # as recorded: reads
+    with open(folder / "shards" / "0.tokens", "r+b") as f:
+        f.write(b"\xff\xff")  # same size, other bytes
+    assert TokenDataset(str(folder)).num_tokens == 100  # sizes alone cannot tell
+    with pytest.raises(ValueError, match=r"shard 0: shards/0.tokens does not have the content its record says"):
+        TokenDataset(str(folder), verify=True)
