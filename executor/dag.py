@@ -34,6 +34,9 @@ class Node:
     data_refs: list[InputRef] = field(default_factory=list)
     consumers: list["Node"] = field(default_factory=list)
     digest: str = ""
+    # the classes of its config's dataclass, enum and named tuple values (found by the digest's
+    # encoding), which the code fingerprint follows
+    value_types: tuple[type, ...] = ()
 
     @property
     def name(self) -> str:
@@ -69,7 +72,7 @@ class Dag:
         """Code fingerprint of a node's step function, its config class and every class its config's
         values are of (a dataclass in an untyped field, an enum in a dict: their modules and
         defaults count as the config class's do), once per such combination."""
-        reached = value_types(node.step.config)
+        reached = node.value_types or value_types(node.step.config)
         key = (id(node.step.type), reached)
         found = self._fingerprints.get(key)
         if found is None:
@@ -171,11 +174,13 @@ def build_dag(steps: Iterable[Step]) -> Dag:
 
     order = _toposort(list(nodes.values()))
     for node in order:
+        seen: dict[type, None] = {}
         try:
             node.digest = _deep_guard(node.step, lambda c: step_digest(node.step.type, c,
-                                                                       lambda ref: nodes[ref.step_name].digest))
+                                                                       lambda ref: nodes[ref.step_name].digest, seen))
         except IdentityError as e:
             raise IdentityError(f"step {node.name!r} ({node.step.origin}): {e}") from None
+        node.value_types = tuple(seen) if len(seen) == 1 else tuple(sorted(seen, key=_type_order))
     for other in duplicates:
         kept = nodes[other.name]
         digest = step_digest(other.type, other.config, lambda ref: nodes[ref.step_name].digest)
@@ -184,6 +189,10 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                 f"two different steps are named {other.name!r}: {kept.step.origin} and {other.origin} "
                 f"(digests {kept.digest[:10]} and {digest[:10]})")
     return Dag(order)
+
+
+def _type_order(t: type) -> tuple[str, str]:
+    return t.__module__, t.__qualname__
 
 
 def _deep_guard(step: Step, fn: Any) -> Any:

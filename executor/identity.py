@@ -28,6 +28,7 @@ import json
 import math
 import pathlib
 import sys
+import threading
 import types
 import typing
 from typing import Any, Callable
@@ -59,6 +60,8 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if value is True or value is False:
         return ["bool", value]
     if isinstance(value, enum.Enum):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         return ["enum", type(value).__qualname__, encode(value.value, digest_of, path)]
     if isinstance(value, int):
         if kind == "float":
@@ -83,8 +86,12 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if isinstance(value, OwnOutput):
         return ["own", value.subpath]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         return ["dc", type(value).__qualname__, _encode_fields(value, digest_of, path)]
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         names = type(value)._fields
         return ["ntuple", type(value).__qualname__,
                 [[n, encode(v, digest_of, f"{path}.{n}")] for n, v in zip(names, value)]]
@@ -138,6 +145,15 @@ def _encode_fields(obj: Any, digest_of: DigestOf, path: str) -> dict[str, Any]:
     return out
 
 
+# The classes of the values `encode` meets (dataclasses, enums, named tuples), collected while
+# `step_digest` is asked for them: the code fingerprint follows each one (executor.dag), and the
+# encoding already visits every value, so no second walk of each config is needed.
+class _Seen(threading.local):
+    types: dict[type, None] | None = None  # (a class attribute: the default in every thread)
+
+
+_SEEN = _Seen()
+
 _NO_DEFAULT = object()
 _FIELD_PLANS: dict[type, list[tuple[str, Any, Kind]]] = {}
 
@@ -156,10 +172,13 @@ def _field_plan(cls: type, digest_of: DigestOf) -> list[tuple[str, Any, Kind]]:
             default = _default_of(f)
             default_enc: Any = _NO_DEFAULT
             if default is not dataclasses.MISSING:
+                collecting, _SEEN.types = _SEEN.types, None  # a default is no value of this config
                 try:
                     default_enc = encode(default, digest_of, f"{cls.__qualname__}.{f.name}", kind)
                 except Exception:  # a default that cannot be encoded is never "equal to default"
                     default_enc = _NO_DEFAULT
+                finally:
+                    _SEEN.types = collecting
             plan.append((f.name, default_enc, kind))
         _FIELD_PLANS[cls] = plan
     return plan
@@ -403,9 +422,19 @@ def _norm_kind_of_text(text: str) -> Kind:
     return None
 
 
-def step_digest(step_type: StepType, config: Any, digest_of: DigestOf) -> str:
-    """The full sha256 recipe digest of a step (hex)."""
-    body = ["step", SCHEME, step_type.name, step_type.version, encode(config, digest_of)]
+def step_digest(step_type: StepType, config: Any, digest_of: DigestOf,
+                types: dict[type, None] | None = None) -> str:
+    """The full sha256 recipe digest of a step (hex); `types`, if given, receives the class of
+    every dataclass, enum and named tuple value of the config."""
+    if types is not None:
+        _SEEN.types = types
+        try:
+            encoded = encode(config, digest_of)
+        finally:
+            _SEEN.types = None
+    else:
+        encoded = encode(config, digest_of)
+    body = ["step", SCHEME, step_type.name, step_type.version, encoded]
     try:
         data = _canonical(body).encode()
     except UnicodeEncodeError:  # a lone surrogate: bytes of another encoding, read as text
