@@ -12,6 +12,7 @@ thin layer over these three verbs.
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from executor.dag import build_dag
@@ -123,9 +124,10 @@ def check_settings(prefix: str | None = None, lease_ttl: float | None = None, ma
     if prefix is not None and (not isinstance(prefix, str) or not prefix.strip()):
         raise VoyageError(f"{names.get('prefix', 'prefix')}: empty; give a folder or a URL such as gs://bucket/path")
     if lease_ttl is not None:
-        if not isinstance(lease_ttl, (int, float)) or not math.isfinite(lease_ttl) or lease_ttl <= 0:
+        if not isinstance(lease_ttl, (int, float)) or not math.isfinite(lease_ttl) or lease_ttl <= 0 \
+                or lease_ttl > threading.TIMEOUT_MAX:
             raise VoyageError(f"{names.get('lease_ttl', 'lease_ttl')}: {lease_ttl!r} is not a positive number of "
-                              "seconds")
+                              "seconds (at most threading.TIMEOUT_MAX: the heartbeat waits a quarter of it)")
     if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
         raise VoyageError(f"{names.get('max_concurrent', 'max_concurrent')}: {max_concurrent!r}; at least 1 step "
                           "must run at a time")

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -94,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=None,
                    help="join this Ray cluster (env RAY_ADDRESS); default: an embedded local Ray")
     p.add_argument("--max-concurrent", type=_count, default=16, help="steps running at once (default 16)")
-    p.add_argument("--lease-ttl", type=_seconds, default=None,
+    p.add_argument("--lease-ttl", type=_ttl, default=None,
                    help="seconds a lease lives without renewal (env MARIN_LEASE_TTL; default 60)")
     p.add_argument("--no-live-page", dest="live_page", action="store_false",
                    help="do not keep the voyage page {prefix}/voyages/{voyage}/{run}/index.html during the run")
@@ -175,6 +176,49 @@ def _seconds(text: str) -> float:
     return value
 
 
+# The lease's ttl has a floor: the heartbeat renews every quarter ttl and, on an object store, the
+# fence wants a quarter ttl left, so a quarter ttl must hold a renewal (a flock and a write on a
+# local disk; a conditional upload, 0.1-0.5 s, on GCS) and a pause of the process (a collection,
+# a busy machine). Below 2 s a run with no other executor "loses" its own leases (0.001 s gave
+# thousands of lost-lease lines and attempt folders). The ceiling is what a thread can wait.
+LEASE_TTL_FLOOR = 2.0
+
+
+def _ttl(text: str) -> float:
+    value = _seconds(text)
+    if value < LEASE_TTL_FLOOR:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: at least {LEASE_TTL_FLOOR:g} seconds (the heartbeat renews every quarter ttl; shorter "
+            "leases are lost to pauses of the process itself)")
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {threading.TIMEOUT_MAX:.0f} seconds (what a thread can wait)")
+    return value
+
+
+_FS_PROTOCOLS = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "s3a": "s3fs", "az": "adlfs", "abfs": "adlfs"}
+
+
+def check_prefix(prefix: str, where: str) -> None:
+    """A VoyageError for a URL prefix no run can use: one without a bucket or host (`gs://` from
+    an unset `$BUCKET`, which fsspec would take for a local folder `./gs:`), a protocol fsspec
+    does not know, or one whose package is not installed. A local folder is not checked here."""
+    scheme, sep, rest = prefix.partition("://")
+    if not sep:
+        return
+    if not scheme or not rest.strip("/") or rest.startswith("/") and scheme not in ("file", "local", "memory"):
+        raise VoyageError(f"{where}: {prefix!r} names no bucket or host (an unset variable?); give e.g. "
+                          f"{scheme or 'gs'}://bucket/path")
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ValueError:
+        raise VoyageError(f"{where}: {prefix!r}: fsspec knows no protocol {scheme!r}") from None
+    except ImportError:
+        package = _FS_PROTOCOLS.get(scheme, f"the fsspec implementation of {scheme}://")
+        raise VoyageError(f"{where}: {prefix!r} needs {package}, which is not installed") from None
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -197,7 +241,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     if lease_ttl is None:
         env = os.environ.get("MARIN_LEASE_TTL")
         try:
-            lease_ttl = _seconds(env) if env is not None else 60.0
+            lease_ttl = _ttl(env) if env is not None else 60.0
         except argparse.ArgumentTypeError as e:
             raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
     prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
@@ -207,6 +251,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     if not prefix.strip():
         where = "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX"
         raise VoyageError(f"{where}: empty; give a folder or a URL such as gs://bucket/path (the default is ./out)")
+    check_prefix(prefix, "--prefix" if ns.prefix is not None else "environment variable MARIN_PREFIX")
     opts = Options(voyage=ns.voyage, dry_run=ns.dry_run, viz=ns.viz, explain=ns.explain, which_saw=ns.which_saw,
                    json=ns.json,
                    lineage=ns.lineage, consumers=ns.consumers, rerun=tuple(ns.rerun),
@@ -383,15 +428,16 @@ def _gc(opts: Options) -> int:
     from executor.storage.store import Store
 
     check_settings(prefix=opts.prefix, names={"prefix": "--prefix"})
-    dags, pins = [], []
+    dags, pins, named = [], [], []
     for vf, overrides in _split_voyages(opts.voyage, opts.overrides):
+        named.append(" ".join([os.path.basename(vf.path), *overrides]))
         config = _parse_config(vf, overrides)
         dags.append(build_dag(voyage_mod.build_steps(vf, config)))
         pins += gc.voyage_pins(vf, config)
     store = Store(opts.prefix)
     report = gc.collect(store, gc.reached_of(dags), gc.read_pins_file(store) + pins, ttl=opts.lease_ttl)
-    print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''}, "
-          f"{sum(len(d) for d in dags):,} steps reached")
+    print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''} "
+          f"({'; '.join(named)}), {sum(len(d) for d in dags):,} steps reached")
     print(report.table())
     if not opts.yes:
         print("nothing deleted: run again with --yes to delete what is listed" if report.items else "nothing to delete")
@@ -663,6 +709,8 @@ def _parse_config(vf: VoyageFile, overrides: list[str]) -> object:
             return draccus.parse(config_class=config_class, args=overrides, prog=f"{PROG} {vf.path}")
     except DraccusException as e:
         raise VoyageError(f"config: {e}") from None
+    except OSError as e:  # --config_path names a file that cannot be read
+        raise VoyageError(f"config: cannot read {e.filename or ''}: {e.strerror or type(e).__name__}") from None
     except (ValueError, TypeError) as e:  # what draccus's decoders raise for a value they cannot read
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise VoyageError(f"config: {first} (see {PROG} {vf.path} --help)") from None

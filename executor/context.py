@@ -29,7 +29,7 @@ from executor.storage.store import url_to_fs
 
 # Names of the executor's own files: a step that wrote them would corrupt its status, record or
 # lease (an earlier `ctx.open(".status", "w")` livelocked a run on "corrupt status" forever).
-RESERVED = frozenset({".status", ".step.json", ".lease", ".attempts"})
+RESERVED = frozenset({".status", ".step.json", ".lease", ".attempts", ".resolved.json"})
 
 
 def own_path(step: str, parts: Sequence[str]) -> list[str]:
@@ -73,6 +73,10 @@ class LeaseRef:
     token: int
     ttl: float
     storage_options: dict[str, Any] = field(default_factory=dict)
+    # the attempt that runs under it: a Ray retry of the task (after a node presumed lost) carries
+    # the same token, so only the attempt the folder's `.status` names tells the retry from the
+    # first try, still alive, that it supersedes (None: not checked)
+    attempt: int | None = None
 
 
 @dataclass
@@ -156,10 +160,13 @@ class StepContext:
         from executor.storage.lease import Leases
         from executor.storage.store import Store
 
-        leases = Leases(Store(ref.prefix, **ref.storage_options), ttl=ref.ttl)
+        store = Store(ref.prefix, **ref.storage_options)
+        leases = Leases(store, ttl=ref.ttl)
         deadline = time.monotonic() + (10 * ref.ttl if patience is None else patience)
         while True:
             with leases.fence(ref.dirname, ref.token) as ours:
+                if ours and ref.attempt is not None:
+                    self._check_attempt(store, ref, what)
                 if ours:
                     held.add(key)
                     try:
@@ -177,6 +184,16 @@ class StepContext:
                 raise LeaseLost(f"step {self.name}, attempt {self.attempt} (token {ref.token}): the lease {why}, "
                                 f"so it stopped before {what}; {now}")
             time.sleep(min(1.0, ref.ttl / 20))
+
+    def _check_attempt(self, store: Any, ref: LeaseRef, what: str) -> None:
+        """LeaseLost unless the folder's `.status` still names this attempt under this token (as
+        the commit's fence checks): a Ray retry of the task holds the same token, and its status
+        names the later attempt."""
+        status = store.read_status(ref.dirname)
+        if status is None or (status.attempt, status.token) != (ref.attempt, ref.token):
+            now = "no status" if status is None else f"attempt {status.attempt} (token {status.token}, {status.state})"
+            raise LeaseLost(f"step {self.name}, attempt {ref.attempt} (token {ref.token}): superseded, the folder's "
+                            f"status now names {now} (a retry of this task), so it stopped before {what}")
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], resources: Resources | None = None) -> list:
         """`[fn(x) for x in items]`, spread over the cluster as one task per item when running

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from executor.errors import IdentityError, VoyageError
 from executor.fingerprint import Fingerprint, code_fingerprint
 from executor.identity import check_depth, step_digest
-from executor.refs import input_refs
+from executor.refs import input_refs, value_types
 from executor.step import InputRef, Step
 
 T = TypeVar("T")
@@ -34,6 +34,9 @@ class Node:
     data_refs: list[InputRef] = field(default_factory=list)
     consumers: list["Node"] = field(default_factory=list)
     digest: str = ""
+    # the classes of its config's dataclass, enum and named tuple values (found by the digest's
+    # encoding), which the code fingerprint follows
+    value_types: tuple[type, ...] = ()
 
     @property
     def name(self) -> str:
@@ -54,7 +57,7 @@ class Dag:
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
-        self._fingerprints: dict[tuple[int, type], Fingerprint] = {}
+        self._fingerprints: dict[tuple[int, tuple[type, ...]], Fingerprint] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -66,11 +69,14 @@ class Dag:
         return self.by_name[name]
 
     def fingerprint(self, node: Node) -> Fingerprint:
-        """Code fingerprint of a node's step function and config class (once per such pair)."""
-        key = (id(node.step.type), type(node.step.config))
+        """Code fingerprint of a node's step function, its config class and every class its config's
+        values are of (a dataclass in an untyped field, an enum in a dict: their modules and
+        defaults count as the config class's do), once per such combination."""
+        reached = node.value_types or value_types(node.step.config)
+        key = (id(node.step.type), reached)
         found = self._fingerprints.get(key)
         if found is None:
-            found = self._fingerprints[key] = code_fingerprint(node.step.type.fn, type(node.step.config))
+            found = self._fingerprints[key] = code_fingerprint(node.step.type.fn, type(node.step.config), reached)
         return found
 
     def upstream(self, names: Iterable[str]) -> set[str]:
@@ -168,11 +174,13 @@ def build_dag(steps: Iterable[Step]) -> Dag:
 
     order = _toposort(list(nodes.values()))
     for node in order:
+        seen: dict[type, None] = {}
         try:
             node.digest = _deep_guard(node.step, lambda c: step_digest(node.step.type, c,
-                                                                       lambda ref: nodes[ref.step_name].digest))
+                                                                       lambda ref: nodes[ref.step_name].digest, seen))
         except IdentityError as e:
             raise IdentityError(f"step {node.name!r} ({node.step.origin}): {e}") from None
+        node.value_types = tuple(seen) if len(seen) == 1 else tuple(sorted(seen, key=_type_order))
     for other in duplicates:
         kept = nodes[other.name]
         digest = step_digest(other.type, other.config, lambda ref: nodes[ref.step_name].digest)
@@ -181,6 +189,10 @@ def build_dag(steps: Iterable[Step]) -> Dag:
                 f"two different steps are named {other.name!r}: {kept.step.origin} and {other.origin} "
                 f"(digests {kept.digest[:10]} and {digest[:10]})")
     return Dag(order)
+
+
+def _type_order(t: type) -> tuple[str, str]:
+    return t.__module__, t.__qualname__
 
 
 def _deep_guard(step: Step, fn: Any) -> Any:

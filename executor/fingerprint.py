@@ -11,7 +11,9 @@ every Python version computes the same fingerprint for the same files):
   imports, imports inside functions), transitively, whatever decorates them: behind
   `functools.lru_cache`, `functools.wraps` or `@triton.jit` the decorated `def` is what is read;
 - module-level constants: an assignment is a unit like a function (`LIMIT = 10`, `B = A * 2`);
-- the config class (given by the step's config) and every config dataclass nested in it: each
+- the config class (given by the step's config), every config dataclass nested in it, and every
+  dataclass, enum or named tuple the live config's values are of (an untyped field holding a class
+  of the voyage file: its module joins the closure, its defaults count by value): each
   class's source with its field defaults left out, and each field's default *by value*, so a
   changed default is named with its old and new value (identity leaves fields equal to their
   default out of the digest: a changed default must be caught here, or by a version bump).
@@ -65,9 +67,14 @@ class Fingerprint:
     parts: dict[str, str]
 
 
-def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -> Fingerprint:
+def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None,
+                     value_types: tuple[type, ...] = ()) -> Fingerprint:
     """The fingerprint of step function `fn` (a StepType, or anything wrapping a function) and,
-    if given, of its config class.
+    if given, of its config class and of `value_types`, the classes the live config's values are
+    of (executor.refs.value_types): a dataclass held by an untyped field, an enum in a dict, a
+    subclass of a declared type. Each such class's module joins the closure, and a dataclass's
+    defaults are parts by value like the config class's (identity leaves out a field equal to
+    its default, so a default changed in a class defined in the voyage file is seen only here).
 
     The parts read from source files come from the on-disk cache (executor.fingerprint_cache)
     when every file the walk read still has the same content and every module name still
@@ -75,12 +82,18 @@ def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -
     cache = _cache()
     inner = _unwrap(fn)
     classes = _config_classes(config_class) if config_class is not None else []
+    for t in value_types:
+        if dataclasses.is_dataclass(t):
+            classes += [c for c in _config_classes(t) if c not in classes]
     roots = [getattr(inner, "__module__", None), getattr(fn, "__module__", None),
              getattr(getattr(fn, "fn", None), "__module__", None)]
     if config_class is not None:
         roots.append(config_class.__module__)
     roots = [r for r in roots if r]
-    key = _cache_key(inner, classes, roots) if cache is not None else None
+    # the modules of the values' classes join the closure only when they are project code (a
+    # named tuple of the standard library is not followed, as an import of it is not)
+    others = sorted({t.__module__ for t in value_types} - set(roots))
+    key = _cache_key(inner, classes, roots + ["|", *others]) if cache is not None else None
     source_parts = cache.get(key) if key is not None else None
     if source_parts is None:
         _TRACE.list = trace = []
@@ -88,7 +101,7 @@ def code_fingerprint(fn: Callable[..., Any], config_class: type | None = None) -
             walker = _Walker()
             walker.config_classes(classes)
             walker.function(inner)
-            walker.parts.update(module_parts(roots))
+            walker.parts.update(module_parts(roots, others))
         finally:
             _TRACE.list = None
         source_parts = walker.parts
@@ -183,17 +196,18 @@ def _default_parts(classes: list[type]) -> dict[str, str]:
 
 # -- the fail-safe part: every project module the step's code can reach -----------------------------
 
-def module_parts(roots: list[str]) -> dict[str, str]:
+def module_parts(roots: list[str], others: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """`module <label>` -> hash of the normalized source (its AST without docstrings, comments or
     layout) of each project module in the import closure of `roots`: every `import` and
     `from ... import` anywhere in a module (inside functions too, `*` included), with the
     packages above each. The walk by units names what changed; this part is what makes the
     fingerprint fail safe: an edit it cannot follow (a decorator without `functools.wraps`, a
     module-level `TABLE.update(...)`, a `ClassVar`, a star import, a default nested in an untyped
-    field) still changes a module's source, so it is still noted."""
+    field) still changes a module's source, so it is still noted. `others` are followed only if
+    they are project code (a root is followed anyway, the executor's own modules excepted)."""
     key = tuple(sorted(set(roots)))
     seen: dict[str, _Module] = {}
-    stack = list(key)
+    stack = list(others) + list(key)
     while stack:
         name = stack.pop()
         if name in seen:

@@ -27,13 +27,14 @@ import hashlib
 import json
 import math
 import pathlib
+import sys
+import threading
 import types
 import typing
 from typing import Any, Callable
 
 from executor import refs
 from executor.errors import IdentityError
-from executor.fingerprint import Fingerprint, code_fingerprint  # noqa: F401  (re-exported)
 from executor.step import InputRef, OwnOutput, StepType
 
 SCHEME = "marin-voyage/identity/1"
@@ -51,7 +52,7 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if t is str:
         return ["str", value]
     if t is int and kind != "float":
-        return ["int", str(value)]
+        return ["int", _int_text(value, path)]
     if t is InputRef:
         return ["ref", digest_of(value), value.subpath]
     if value is None:
@@ -59,11 +60,13 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if value is True or value is False:
         return ["bool", value]
     if isinstance(value, enum.Enum):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         return ["enum", type(value).__qualname__, encode(value.value, digest_of, path)]
     if isinstance(value, int):
         if kind == "float":
             return ["float", _exact_float(value, path).hex()]
-        return ["int", str(value)]
+        return ["int", _int_text(int(value), path)]
     if isinstance(value, float):
         if math.isnan(value):
             raise IdentityError(f"{path}: NaN has no identity (it is not equal to itself)")
@@ -83,8 +86,12 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
     if isinstance(value, OwnOutput):
         return ["own", value.subpath]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         return ["dc", type(value).__qualname__, _encode_fields(value, digest_of, path)]
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        if _SEEN.types is not None:
+            _SEEN.types[t] = None
         names = type(value)._fields
         return ["ntuple", type(value).__qualname__,
                 [[n, encode(v, digest_of, f"{path}.{n}")] for n, v in zip(names, value)]]
@@ -108,13 +115,21 @@ def encode(value: Any, digest_of: DigestOf, path: str = "config", kind: Kind = N
         "use plain values, dataclasses, enums, lists, dicts or output_of(...)")
 
 
+def _int_text(value: int, path: str) -> str:
+    try:
+        return str(value)
+    except ValueError:  # past Python's limit on int-to-text conversion (4,300 digits)
+        raise IdentityError(f"{path}: an integer of about {int(value.bit_length() * 0.30103) + 1} digits; "
+                            f"a config value must be written out in at most {sys.get_int_max_str_digits()} digits") from None
+
+
 def _exact_float(value: int, path: str) -> float:
     try:
         as_float = float(value)
     except OverflowError:
         as_float = math.inf
     if as_float != value:
-        raise IdentityError(f"{path}: {value} in a field declared float has no exact float value")
+        raise IdentityError(f"{path}: {_int_text(value, path)} in a field declared float has no exact float value")
     return as_float
 
 
@@ -129,6 +144,15 @@ def _encode_fields(obj: Any, digest_of: DigestOf, path: str) -> dict[str, Any]:
         out[name] = enc
     return out
 
+
+# The classes of the values `encode` meets (dataclasses, enums, named tuples), collected while
+# `step_digest` is asked for them: the code fingerprint follows each one (executor.dag), and the
+# encoding already visits every value, so no second walk of each config is needed.
+class _Seen(threading.local):
+    types: dict[type, None] | None = None  # (a class attribute: the default in every thread)
+
+
+_SEEN = _Seen()
 
 _NO_DEFAULT = object()
 _FIELD_PLANS: dict[type, list[tuple[str, Any, Kind]]] = {}
@@ -148,10 +172,13 @@ def _field_plan(cls: type, digest_of: DigestOf) -> list[tuple[str, Any, Kind]]:
             default = _default_of(f)
             default_enc: Any = _NO_DEFAULT
             if default is not dataclasses.MISSING:
+                collecting, _SEEN.types = _SEEN.types, None  # a default is no value of this config
                 try:
                     default_enc = encode(default, digest_of, f"{cls.__qualname__}.{f.name}", kind)
                 except Exception:  # a default that cannot be encoded is never "equal to default"
                     default_enc = _NO_DEFAULT
+                finally:
+                    _SEEN.types = collecting
             plan.append((f.name, default_enc, kind))
         _FIELD_PLANS[cls] = plan
     return plan
@@ -263,47 +290,151 @@ def check_depth(value: Any, path: str = "config") -> None:
 
 
 def normalized(value: Any, kind: Kind = None) -> Any:
-    """`value` as it was hashed: an int in a field declared float is that float, a whole float in
-    a field declared int is that int, -0.0 is 0.0 (what `encode` says they mean), so the step
-    receives exactly what its digest covers. Parts that need no change are shared, not copied."""
-    if value is True or value is False or value is None or isinstance(value, (str, bytes, enum.Enum)):
+    """`value` as it was hashed, so that the step receives exactly what its digest covers: values
+    that encode alike reach the step as one value (issue 28). An int in a field declared float is
+    that float, a whole float in a field declared int is that int, -0.0 is 0.0; a dict is in the
+    order of its keys' encodings (a plain dict); a list or tuple is the sequence type its field
+    declares (`list[...]`, `tuple[...]`), and a list where nothing declares one (JSON's sequence);
+    a path is its string; a subclass of str, int or float is the plain value. Named tuples, sets
+    and enums keep their types (their encodings keep them apart). Parts that need no change are
+    shared, not copied."""
+    t = type(value)
+    if t is str or t is bool or value is None or t is bytes:
         return value
-    if isinstance(value, int):
+    if t is int:
         return float(value) if kind == "float" else value
-    if isinstance(value, float):
+    if t is float:
         if kind == "int" and value.is_integer():
             return int(value)
         return value + 0.0 if value == 0 else value
+    if isinstance(value, (enum.Enum, InputRef, OwnOutput)):
+        return value
+    if isinstance(value, pathlib.PurePath):
+        return value.as_posix()
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return normalized(int(value), kind)
+    if isinstance(value, float):
+        return normalized(float(value), kind)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kinds = dict(_field_kinds(type(value)))
         return refs.with_fields(value, kinds, lambda name, old: normalized(old, kinds[name]))
-    if isinstance(value, (list, tuple)) and not hasattr(type(value), "_fields"):
-        item = kind[1] if isinstance(kind, tuple) and kind[0] == "seq" else None
+    if isinstance(value, (list, tuple)) and not hasattr(t, "_fields"):
+        seq = kind if isinstance(kind, tuple) and kind[0] == "seq" else ("seq", None, None)
+        want = seq[1] if len(seq) == 3 and seq[1] is not None else list
+        item = seq[-1]
         items = [normalized(v, item) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+        if t is want and all(a is b for a, b in zip(items, value)):
+            return value
+        return want(items)
+    if isinstance(value, tuple):  # a named tuple: its fields, by no declared kind
+        items = [normalized(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else t(*items)
     if isinstance(value, dict):
         item = kind[1] if isinstance(kind, tuple) and kind[0] == "map" else None
-        out = {k: normalized(v, item) for k, v in value.items()}
-        return value if all(out[k] is value[k] for k in value) else type(value)(out)
+        keys = sorted(value, key=_key_text)
+        out = {_normalized_key(k): normalized(value[k], item) for k in keys}
+        if t is dict and keys == list(value) and all(a is b for a, b in zip(out, value)) \
+                and all(out[k] is value[k] for k in value):
+            return value
+        return out
     return value
+
+
+def _normalized_key(key: Any) -> Any:
+    """A dict key as a step receives it: a path is its string; anything else stays (a key must
+    stay hashable, so a tuple stays a tuple)."""
+    if isinstance(key, pathlib.PurePath):
+        return key.as_posix()
+    return key
+
+
+def _key_text(key: Any) -> str:
+    """The order of dict keys: by their canonical encoding, as `encode` sorts them."""
+    return _canonical(encode(key, _no_digest, "config.<key>"))
+
+
+def _no_digest(ref: InputRef) -> str:
+    raise IdentityError("a reference is no dict key")
 
 
 _FIELD_KINDS: dict[type, list[tuple[str, Kind]]] = {}
 
 
 def _field_kinds(cls: type) -> list[tuple[str, Kind]]:
-    """(name, declared kind) of the identity fields of a dataclass type, once per type."""
+    """(name, declared kind for normalizing) of the identity fields of a dataclass type, once per
+    type: as `_kind`, and a sequence says which sequence type it declares."""
     kinds = _FIELD_KINDS.get(cls)
     if kinds is None:
         hints = _type_hints(cls)
-        kinds = _FIELD_KINDS[cls] = [(f.name, _kind(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
+        kinds = _FIELD_KINDS[cls] = [(f.name, _norm_kind(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
                                      if f.init and not f.metadata.get("run_only")]
     return kinds
 
 
-def step_digest(step_type: StepType, config: Any, digest_of: DigestOf) -> str:
-    """The full sha256 recipe digest of a step (hex)."""
-    body = ["step", SCHEME, step_type.name, step_type.version, encode(config, digest_of)]
+def _norm_kind(hint: Any) -> Kind:
+    """float, int, ("seq", list | tuple | None, kind) or ("map", kind) or None, from a declared
+    type (or its text)."""
+    if isinstance(hint, str):
+        return _norm_kind_of_text(hint.replace(" ", ""))
+    if hint is float or hint is int:
+        return hint.__name__
+    if hint is list or hint is tuple:
+        return ("seq", hint, None)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [_norm_kind(a) for a in args if a is not _NONE]
+        return kinds[0] if len(kinds) == 1 else None
+    if origin in (tuple, list):
+        variadic = origin is list or (len(args) == 2 and args[1] is Ellipsis)
+        return ("seq", origin, _norm_kind(args[0]) if args and variadic else None)
+    if origin in (typing.Sequence, _abc_sequence()):
+        return ("seq", None, _norm_kind(args[0]) if args else None)
+    if origin in (dict, typing.Mapping, _abc_mapping()):
+        return ("map", _norm_kind(args[1]) if len(args) == 2 else None)
+    return None
+
+
+def _norm_kind_of_text(text: str) -> Kind:
+    for none in ("|None", "None|"):
+        text = text.replace(none, "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1]
+    if text in ("float", "int"):
+        return text
+    if text in ("list", "tuple"):
+        return ("seq", {"list": list, "tuple": tuple}[text], None)
+    for head, ctype in (("tuple[", tuple), ("list[", list), ("Sequence[", None)):
+        if text.startswith(head) and text.endswith("]"):
+            inner = text[len(head):-1]
+            if ctype is tuple:
+                if not inner.endswith(",..."):
+                    return ("seq", tuple, None)
+                inner = inner[:-len(",...")]
+            return ("seq", ctype, _norm_kind_of_text(inner))
+    if text.startswith("dict[str,") and text.endswith("]"):
+        return ("map", _norm_kind_of_text(text[len("dict[str,"):-1]))
+    if text == "dict" or text.startswith("dict["):
+        return ("map", None)
+    return None
+
+
+def step_digest(step_type: StepType, config: Any, digest_of: DigestOf,
+                types: dict[type, None] | None = None) -> str:
+    """The full sha256 recipe digest of a step (hex); `types`, if given, receives the class of
+    every dataclass, enum and named tuple value of the config."""
+    if types is not None:
+        _SEEN.types = types
+        try:
+            encoded = encode(config, digest_of)
+        finally:
+            _SEEN.types = None
+    else:
+        encoded = encode(config, digest_of)
+    body = ["step", SCHEME, step_type.name, step_type.version, encoded]
     try:
         data = _canonical(body).encode()
     except UnicodeEncodeError:  # a lone surrogate: bytes of another encoding, read as text

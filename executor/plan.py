@@ -303,7 +303,7 @@ def _note_code_drift(dag: Dag, decisions: dict[str, Decision], store: Store) -> 
         now = dag.fingerprint(d.node)
         if now.digest == recorded:
             continue
-        key = (id(d.node.step.type), type(d.node.step.config), recorded)
+        key = (id(d.node.step.type), type(d.node.step.config), recorded, now.digest)
         if key not in explained:
             record = store.read_record(d.node.dirname)
             what = drift(record.code_parts, now.parts) if record is not None and record.code_parts else []
@@ -392,6 +392,9 @@ def _corrupt_status(store: Store, dirname: str, listings: dict[str, set[str]]) -
     except OSError as e:
         return f"its .status cannot be read ({type(e).__name__}: {e}): not done; runs again"
     status, problem = parse_status(data)
+    if status is not None and store.is_local and store.missing_dir(dirname, status):
+        return (f"its .status is corrupt (it names attempt folder {(status.served() or status).dir}, which does not "
+                f"exist; {store.to_url(path)}): not done; runs again")
     if status is not None:
         return ""
     what = "empty" if not data.strip() else f"not a status: {problem[:80]}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 from typing import Any, Callable
 
 from executor.errors import IdentityError
@@ -28,6 +29,35 @@ def field_names(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes, InputRef, OwnOutput})
+
+
+def value_types(config: Any) -> tuple[type, ...]:
+    """Every dataclass, enum and named tuple type that a config holds, by what its values are
+    (not by what its fields declare: an untyped field, a subclass, a dict value), the config's own
+    class first, each once. The code fingerprint follows each one's module and defaults."""
+    found: dict[type, None] = {}
+    stack = [config]
+    while stack:
+        value = stack.pop()
+        t = type(value)
+        if t in _PLAIN:
+            continue
+        if isinstance(value, enum.Enum):
+            found[t] = None
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            if hasattr(t, "_fields"):
+                found[t] = None
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type) and not isinstance(value, REFS):
+            found[t] = None
+            stack.extend(getattr(value, name) for name in field_names(t))
+    return tuple(found)
 
 
 def input_refs(config: Any) -> list[InputRef]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import inspect
+import math
 import re
 import sys
 import textwrap
@@ -55,6 +57,10 @@ class Resources:
     custom: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        amounts = [self.cpus, self.gpus, *([self.memory_gb] if self.memory_gb is not None else []),
+                   *(v for _, v in (self.custom.items() if isinstance(self.custom, dict) else self.custom))]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in amounts):
+            raise VoyageError(f"Resources: every amount must be a finite number, got {self}")
         if self.cpus < 0 or self.gpus < 0 or (self.memory_gb is not None and self.memory_gb < 0):
             raise VoyageError(f"Resources: negative amount in {self}")
         if self.workers < 1:
@@ -184,6 +190,7 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
         raise TypeError(f"step_type(logs=...) takes relative glob patterns, e.g. ('wandb/**',), got {logs!r}")
 
     def register(fn: Callable) -> StepType:
+        _check_plain_function(fn)
         type_name = name or fn.__name__
         st = StepType(name=type_name, version=version, fn=fn, resumable=resumable,
                       description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs), partitions=partitions,
@@ -193,6 +200,43 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
         return st
 
     return register
+
+
+_DATA = (str, bytes, int, float, bool, list, tuple, dict, set, frozenset)
+
+
+def _check_plain_function(fn: Any) -> None:
+    """A step type is a plain function: values bound outside its config (a partial's arguments,
+    an object's attributes, a closure's data) are in neither the digest nor the code fingerprint,
+    so changing them would change the bytes under one recipe (issue 28)."""
+    if isinstance(fn, functools.partial):
+        what = f"functools.partial of {getattr(fn.func, '__qualname__', fn.func)!r}"
+    elif inspect.ismethod(fn):
+        what = f"the method {fn.__qualname__} bound to an object"
+    elif inspect.isbuiltin(fn) or (callable(fn) and not inspect.isfunction(fn) and isinstance(fn, type(print))):
+        what = f"the builtin {getattr(fn, '__qualname__', fn)!r}"
+    elif isinstance(fn, type):
+        what = f"the class {fn.__qualname__}"
+    elif not inspect.isfunction(fn):
+        what = f"an instance of {type(fn).__qualname__}"
+    else:
+        bound = [name for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+                 if _holds_data(cell)]
+        if not bound:
+            return
+        what = f"a closure over {', '.join(bound)} (values of the function that made it)"
+    raise VoyageError(
+        f"step_type: {what} is not a plain function: values bound outside the config are in neither the "
+        "digest nor the code fingerprint; define the step type with `def` at module level and put "
+        "the values in its config")
+
+
+def _holds_data(cell: Any) -> bool:
+    try:
+        value = cell.cell_contents
+    except ValueError:  # not yet bound (a function that names itself)
+        return False
+    return isinstance(value, _DATA) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
 
 
 def _check_unique(new: StepType) -> None:
@@ -378,7 +422,7 @@ class Step:
         self._origin = _caller_origin()  # its text is worked out only if an error message shows it
         if not isinstance(name, str) or not _NAME_RE.match(name) or _ALIASING & set(name.split("/")):
             raise VoyageError(
-                f"{self.origin}: bad step name {name!r}: use letters, digits and . _ - / "
+                f"{self.origin}: bad step name {name!r}: use ASCII letters, digits and . _ - / "
                 "(no leading or trailing '/', no empty, '.' or '..' segment)")
         if not isinstance(type, StepType):
             raise VoyageError(f"{self.origin}: step {name!r}: {type!r} is not a step type "

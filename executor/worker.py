@@ -39,7 +39,8 @@ from typing import Any
 from executor.storage import attempts as layout
 from executor import environment
 from executor.context import LeaseRef, Mapper, StepContext, local_map
-from executor.failures import classify
+from executor import fingerprint, loaded_code
+from executor.failures import StepFailure, classify
 from executor.storage.lease import Leases
 from executor.refs import resolve
 from executor.state import StepState
@@ -106,11 +107,20 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     attempts = list(previous.attempts) if previous is not None and previous.digest == task.digest else []
     _close_dead_attempts(attempts, current)
     clean = _starts_clean(task, previous, attempts, inputs)
+    earlier: dict[str, tuple] = {}  # what the lineage's folder was made from through names (critical 4)
+    if task.step_type.resumable and not clean and current is not None and current.state != SUCCESS and current.dir:
+        earlier = _read_resolved(store, f"{task.dirname}/{current.dir}")
+        clean = _resolved_changed(earlier, "since the attempt that left the folder")
+        if clean:
+            clean, earlier = "starts clean: " + clean, {}
     number = max([a.number for a in attempts] + [current.attempt if current is not None else 0]) + 1
     resumes = task.step_type.resumable and not clean and current is not None and current.state != SUCCESS \
-        and current.dir and previous is not None and previous.digest == task.digest
-    folder_rel = current.dir if resumes else layout.new_dir(number)  # type: ignore[union-attr]
-    folder = f"{task.dirname}/{folder_rel}"
+        and previous is not None and previous.digest == task.digest
+    # A folder from before attempts had folders (its status has no `dir`: its checkpoints are at its
+    # root) is adopted as it is: the attempt resumes at the root, and commits it as the old layout
+    # is served. A new folder would start from step 0 and leave the old checkpoints to --gc (issue 28).
+    folder_rel = (current.dir or "") if resumes else layout.new_dir(number)  # type: ignore[union-attr]
+    folder = f"{task.dirname}/{folder_rel}" if folder_rel else task.dirname
     attempt = Attempt(number=number, state=RUNNING, started=started, host=socket.gethostname(),
                       pid=os.getpid(), node=node, run_id=task.run_id, token=task.token,
                       reason=task.reason + (f"; {clean}" if clean and task.step_type.resumable else ""))
@@ -128,8 +138,12 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     running = Status(state=RUNNING, digest=task.digest, attempt=number, token=task.token, dir=folder_rel,
                      committed=committed)
     with leases.fence(task.dirname, task.token) as ours:
-        if ours:  # the status first: from here on a crash leaves an attempt that is never served
-            store.write_status(task.dirname, running)
+        # the status first: from here on a crash leaves an attempt that is never served. A swap
+        # against the status read at the start, not a plain write: a writer that passed its fence
+        # check and then stalled past the ttl (an object store's fence is a check, then writes)
+        # must not land RUNNING over the SUCCESS another executor committed meanwhile (issue 28)
+        ours = ours and store.swap_status(task.dirname, current, running)  # type: ignore[arg-type]
+        if ours:
             store.write_record(folder, record)
     if not ours:
         return _lost(task, attempt, started)
@@ -137,17 +151,28 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
         store.clear_temporaries(folder)
 
     lease = None if task.token is None else LeaseRef(task.prefix, task.dirname, task.token, task.lease_ttl,
-                                                     dict(task.storage_options))
+                                                     dict(task.storage_options), attempt=number)
     ctx = StepContext(name=task.name, output=store.url(folder), digest=task.digest, attempt=number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
                       provenance=copy.deepcopy(task.provenance), lease=lease)
     dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
+    resolved = layout.Resolved(on_new=lambda r: store.write_json(
+        store.path(folder, layout.RESOLVED), {k: list(v) for k, v in sorted(r.seen.items())}))
+    resolved.seen.update(earlier)
     try:
         config = resolve(task.config, dirs.__getitem__, store.url(folder))
-        task.step_type.fn(config, ctx)
+        _check_loaded_code(task)
+        with resolved:
+            task.step_type.fn(config, ctx)
         manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
+        store.sync(folder)  # on a local disk: the files reach the disk before a commit names them
+        _check_loaded_code(task)  # again: what the step imported while it ran
         _check_inputs_unchanged(store, task, before)
+        changed = _resolved_changed(resolved.seen, f"while {task.name} read it")
+        if changed:
+            raise InputChanged(f"{changed}: another executor reran it; this attempt is not committed; "
+                               f"run {task.name} again")
     except BaseException as e:  # noqa: BLE001 - the record keeps whatever the step raised
         tb = traceback.format_exc()
         # SIGTERM (Ray stopping a worker whose executor died) or SIGINT: an interruption, not a
@@ -204,6 +229,18 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
                       ended=time.time(), status=done)
 
 
+class CodeMismatch(StepFailure):
+    """The code this worker runs is not the code the plan fingerprinted (executor.loaded_code):
+    the record would say the wrong code made the output."""
+
+
+def _check_loaded_code(task: TaskSpec) -> None:
+    if task.code_parts and task.code_fingerprint.partition(":")[0] == fingerprint.SCHEME:
+        why = loaded_code.mismatch(task.code_parts)
+        if why:
+            raise CodeMismatch(f"{task.name}: {why}")
+
+
 class InputChanged(RuntimeError):
     """An input was rerun (or removed) while the step read it: what it read may be half of one
     output and half of another, so the attempt fails rather than ever being SUCCESS."""
@@ -251,6 +288,32 @@ def _check_inputs_unchanged(store: Store, task: TaskSpec, before: dict[str, Stat
     if changed:
         raise InputChanged(f"{'; '.join(changed)}: another executor reran it; this attempt is not "
                            f"committed; run {task.name} again")
+
+
+def _read_resolved(store: Store, folder: str) -> dict[str, tuple]:
+    """What an attempt in `folder` recorded it resolved (executor.storage.attempts.Resolved)."""
+    import json
+
+    try:
+        data = json.loads(store.fs.cat_file(store.path(folder, layout.RESOLVED)))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        return {"(unreadable .resolved.json)": ()}  # never resume from what cannot be checked
+    return {str(k): tuple(v) for k, v in data.items()} if isinstance(data, dict) else {"(bad .resolved.json)": ()}
+
+
+def _resolved_changed(seen: dict[str, tuple], when: str) -> str:
+    """"" if every output an attempt reached through other outputs' names still serves what it
+    did; else one phrase naming the first that changed."""
+    for folder, key in sorted(seen.items()):
+        now = layout.current_key(folder) if key else None
+        if now is None or tuple(now) != tuple(key):
+            name = folder.rstrip("/").rpartition("/")[2]
+            what = "has no output now" if now is None else \
+                f"attempt {key[0] if key else '?'} -> {now[0]}, output {str(key[3] if key else '')[:10]} -> {str(now[3])[:10]}"
+            return f"output {name} (read through another output's names) changed {when} ({what})"
+    return ""
 
 
 def _starts_clean(task: TaskSpec, previous: Record | None, attempts: list[Attempt], inputs: list[InputInfo]) -> str:

@@ -12,8 +12,9 @@ size; the output folders are the folders named `{name}-{digest[:10]}` that hold 
   interrupted newest attempt of a step that is not resumable (it never resumes them; its record
   stays), files outside any attempt once the served output lives in one, and `.tmp-*` writes of a
   killed attempt (those a resume would clear).
-- **not reached**: the whole folder: an old version when a named voyage has a step of that name,
-  else a step that none of the named voyages has.
+- **not reached**: the whole folder: "not reached by the named configs" when a named voyage has a
+  step of that name (an old version, or the voyage under overrides not named), else a step that
+  none of the named voyages has.
 Never touched, whatever the above says: an output with a live lease (a run in progress) and every
 output its records say it reads; a pinned output and, through the records, every output it was
 made from, transitively; an output folder holding a symlink that leaves the prefix (refused and
@@ -47,7 +48,9 @@ _OUTPUT = re.compile(r"^(?P<name>.+)-[0-9a-f]{10}$")  # `{name}-{digest[:10]}` (
 _STRAY = (TEMP_PREFIX, ".marin-probe-")  # executor.storage.files temporaries; Store.check_writable's probes
 
 # What an item is, as the table says it.
-OLD = "old version"
+# a folder of a step name the named voyages have, under another digest: an old version, or the
+# same voyage under other overrides (a config the command line did not name): it cannot tell which
+OLD = "not reached by the named configs"
 UNKNOWN = "not in these voyages"
 ABANDONED = "abandoned attempt"
 FAILED_FILES = "failed attempt's files"
@@ -167,13 +170,13 @@ class Report:
             row[2] += item.bytes
         order = sorted(rows.items(), key=lambda kv: (-kv[1][2], kv[0]))
         width = max([len(s) for s, _ in rows] + [4])
-        lines = [f"{'step':<{width}}  {'what':<24} {'items':>6} {'files':>8} {'bytes':>11}"]
+        lines = [f"{'step':<{width}}  {'what':<32} {'items':>6} {'files':>8} {'bytes':>11}"]
         for (step, kind), (n, files, size) in order:
-            lines.append(f"{step:<{width}}  {kind:<24} {n:>6,} {files:>8,} {human(size):>11}")
+            lines.append(f"{step:<{width}}  {kind:<32} {n:>6,} {files:>8,} {human(size):>11}")
         by_kind: dict[str, int] = defaultdict(int)
         for item in self.items:
             by_kind[item.kind] += 1
-        kinds = ", ".join(f"{n:,} {k}{'s' if n > 1 and k in (OLD, ABANDONED) else ''}"
+        kinds = ", ".join(f"{n:,} {k}{'s' if n > 1 and k == ABANDONED else ''}"
                           for k, n in sorted(by_kind.items()))
         lines.append(f"to collect: {len(self.items):,} items ({kinds or 'none'}), "
                      f"{sum(i.files for i in self.items):,} files, {human(self.bytes)} ({self.bytes:,} bytes)")
@@ -477,7 +480,7 @@ def _read_leases(store: Store, outputs: dict[str, Output], ttl: float, now: floa
         if isinstance(data, BaseException):
             raise store_error("read the lease", store.to_url(p), data)
         try:
-            outputs[d].lease = LeaseInfo(**json.loads(data))
+            outputs[d].lease = LeaseInfo.parse(data)
         except (ValueError, TypeError):
             outputs[d].lease = LeaseInfo.unreadable_since(outputs[d].files[LEASE].mtime, ttl)
 

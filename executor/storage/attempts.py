@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
+from typing import Any
 
 ATTEMPTS = ".attempts"
 _ATTEMPT_RE = re.compile(r"/\.attempts/[^/]+(?=/|$)")
@@ -77,7 +79,77 @@ def served(url: str, fs=None) -> str:
         except json.JSONDecodeError:
             status = None
         commit = status.served() if status is not None else None
+        if commit is not None:
+            _note(folder, commit)
         if commit is None or not commit.dir:
             return url
         return "/".join([folder, commit.dir, *parts[i + 1:]])
     return url
+
+
+# -- what an attempt resolved: the outputs it reached through names inside other outputs -----------
+#
+# A worker records every output `served` resolves while its step runs (a mixture's token datasets,
+# a token dataset's tokenizer), and checks them as it checks its direct inputs: unchanged before
+# the commit, and never resumed across a change (executor.worker). The recorders of a process
+# are shared by its threads: an attempt may record another's resolutions, which only adds checks.
+
+RESOLVED = ".resolved.json"  # in an attempt's folder: what it resolved so far (executor.worker)
+_RECORDERS: list["Resolved"] = []
+_LOCK = threading.Lock()
+
+
+class Resolved:
+    """{output folder URL: (attempt, token, dir, output digest) it served when first resolved}."""
+
+    def __init__(self, on_new: Any = None) -> None:
+        self.seen: dict[str, tuple] = {}
+        self.on_new = on_new
+
+    def __enter__(self) -> "Resolved":
+        with _LOCK:
+            _RECORDERS.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _LOCK:
+            if self in _RECORDERS:
+                _RECORDERS.remove(self)
+
+    def add(self, folder: str, key: tuple) -> None:
+        if folder in self.seen:
+            return
+        self.seen[folder] = key
+        if self.on_new is not None:
+            self.on_new(self)
+
+
+def current_key(folder: str) -> tuple | None:
+    """The commit key of what output folder `folder` (a URL) serves now; None if nothing."""
+    from executor.storage.store import STATUS, url_to_fs, _parse_status
+
+    fs, path = url_to_fs(folder)
+    try:
+        data = fs.cat_file(f"{path.rstrip('/')}/{STATUS}")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        status = _parse_status(folder, data)
+    except json.JSONDecodeError:
+        return None
+    commit = status.served() if status is not None else None
+    return commit_key(commit) if commit is not None else None
+
+
+def commit_key(status: Any) -> tuple:
+    """What identifies the bytes an output serves: its attempt, token, folder and output digest."""
+    return (status.attempt, status.token, status.dir, status.output_digest)
+
+
+def _note(folder: str, commit: Any) -> None:
+    if not _RECORDERS:
+        return
+    with _LOCK:
+        recorders = list(_RECORDERS)
+    for r in recorders:
+        r.add(logical(folder), commit_key(commit))

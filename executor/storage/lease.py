@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -35,7 +36,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from executor.storage.files import create_local, is_gcs
 from executor.storage.access import error as store_error
@@ -70,6 +71,25 @@ class LeaseInfo:
         if self.unreadable:
             return f"an unreadable lease file (last written {since}), held until it expires in {left:.0f}s"
         return f"{self.host} pid {self.pid} (run {self.run_id[:8]}) since {since}, expires in {left:.0f}s"
+
+    @classmethod
+    def parse(cls, data: Any) -> "LeaseInfo":
+        """A lease from a file's JSON text; ValueError unless every field has its type (a token
+        of "7" or 7.5, an expiry of null, `"released": "no"` make the file unreadable, as an
+        unparseable one is, never a traceback or a guess)."""
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        kinds = {"host": (str,), "pid": (int,), "run_id": (str,), "token": (int,), "acquired": (int, float),
+                 "expires": (int, float), "released": (bool,)}
+        for key, value in obj.items():
+            want = kinds.get(key)
+            if want is None:
+                continue
+            if (bool in want) != isinstance(value, bool) or not isinstance(value, want) or \
+                    (isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"{key}: {value!r}")
+        return cls(**{k: v for k, v in obj.items() if k in kinds})
 
     @classmethod
     def unreadable_since(cls, written: float, ttl: float) -> "LeaseInfo":
@@ -248,7 +268,7 @@ def _load(data: bytes, written: Callable[[], float], ttl: float) -> LeaseInfo:
     """A lease file's content; unreadable (held until one ttl after `written()`) unless it parses
     as a whole lease."""
     try:
-        return LeaseInfo(**json.loads(data))
+        return LeaseInfo.parse(data)
     except (ValueError, TypeError):
         when = written()
         log.warning("unreadable lease file (%d bytes, last written %s); held until one ttl after that",

@@ -18,12 +18,14 @@ another reason than "not found" (DNS, 403, timeout, a folder where the file shou
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import posixpath
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, fields, replace
@@ -50,7 +52,10 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 STATUS = ".status"
 RECORD = ".step.json"
 LEASE = ".lease"
-CONTROL_FILES = frozenset({STATUS, RECORD, LEASE})
+_SWAP_LOCK = threading.Lock()
+# what a status's `dir` may name: one attempt folder of its own output (executor.storage.attempts.new_dir)
+_ATTEMPT_DIR = re.compile(r"\.attempts/(?!\.\.?$)[A-Za-z0-9._-]+")
+CONTROL_FILES = frozenset({STATUS, RECORD, LEASE, ".resolved.json"})  # the last: executor.storage.attempts.RESOLVED
 # The states a `.status` holds (executor.state: one vocabulary; on disk the same strings as ever).
 RUNNING, SUCCESS, FAILED = StepState.RUNNING, StepState.SUCCESS, StepState.FAILED
 
@@ -277,8 +282,44 @@ class Store:
             data = raw.get(p) if raw else None
             if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
                 raise error("read", self.to_url(p), data)
-            out[d] = _parse_status(p, data)
+            status = out[d] = _parse_status(p, data)
+            if self.is_local and status is not None and self.missing_dir(d, status):
+                log.warning("status %s names attempt folder %s, which does not exist; treating the step as not "
+                            "done", p, (status.served() or status).dir)
+                out[d] = None
         return out
+
+    def sync(self, dirname: str) -> None:
+        """On a local disk, fsync every file and folder under `dirname` (an attempt's folder),
+        so that a commit record written next never names files a power loss would empty. Object
+        stores keep an upload once it is acknowledged: nothing to do there."""
+        if not self.is_local:
+            return
+        root = self.path(dirname)
+        for folder, _dirs, names in os.walk(root, followlinks=False):
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.islink(path):
+                    continue
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:  # gone meanwhile, or not a regular file: not the step's output
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def missing_dir(self, dirname: str, status: Status) -> bool:
+        """Whether the attempt folder that `status` serves is missing (a local disk only: one
+        stat; elsewhere it is found when read). Such a status is corrupt, never CACHED."""
+        served = status.served()
+        return served is not None and bool(served.dir) and not os.path.isdir(self.path(dirname, served.dir))
 
     def _bounded(self, call: Any, action: str, where: str, per: int = 1) -> Any:
         """`call()` cut off on async stores (fsspec's `sync` takes the timeout) after
@@ -337,7 +378,7 @@ class Store:
         record.updated = time.time()
         self.write_json(self.path(folder, RECORD), json.loads(record.model_dump_json()))
 
-    def swap_status(self, dirname: str, expect: Status, new: Status) -> bool:
+    def swap_status(self, dirname: str, expect: Status | None, new: Status) -> bool:
         """Replace `.status` with `new` only if it still names the attempt of `expect` (state,
         attempt, token and folder): the commit. Atomic on every store; on GCS one write with
         `ifGenerationMatch` of the status read, so nothing written in between is overwritten.
@@ -352,10 +393,13 @@ class Store:
             if key(current) != key(expect):
                 return False
             data = json.dumps(new.model_dump(), indent=1, sort_keys=True).encode()
-            return gcs.write_if_generation(self.fs, path, data, found.generation)
-        if key(self.read_status(dirname)) != key(expect):
-            return False
-        self.write_status(dirname, new)
+            return gcs.write_if_generation(self.fs, path, data, found.generation if found is not None else 0)
+        with contextlib.nullcontext() if self.is_local else _SWAP_LOCK:
+            # local: the caller's fence holds the lease's flock; elsewhere (memory://, tests) a lock
+            # of the process makes read, compare and write one step, as a generation match does
+            if key(self.read_status(dirname)) != key(expect):
+                return False
+            self.write_status(dirname, new)
         return True
 
     def newest_sibling_record(self, name: str, exclude: str | None = None) -> Record | None:
@@ -426,8 +470,8 @@ class Store:
             found = {}
         for path, info in sorted(found.items()):
             rel = posixpath.relpath(path, folder)
-            if rel in CONTROL_FILES or info.get("type") == "directory":
-                continue
+            if rel in CONTROL_FILES or info.get("type") == "directory" or rel.startswith(".attempts/"):
+                continue  # (an old-layout folder's root may hold attempt folders: never its data)
             if info.get("islink") and self.is_local and os.path.isdir(path):
                 continue  # a link to a folder (W&B's `latest-run`): its files are listed on their own
             if is_log is not None and is_log(rel):
@@ -516,6 +560,9 @@ def parse_status(data: bytes | str) -> tuple[Status | None, str]:
             raise ValueError(f"{status.state} without {', '.join(missing)}")
         if status.committed is not None and status.committed.state != SUCCESS:
             raise ValueError("its committed output is not a SUCCESS")
+        for where in (status, status.committed):
+            if where is not None and where.dir and not _ATTEMPT_DIR.fullmatch(where.dir):
+                raise ValueError(f"dir {where.dir!r} is not an attempt folder of its own (.attempts/ID)")
         return status, ""
     except (ValueError, RecursionError) as e:  # JSON, UTF-8 and field errors are ValueErrors
         return None, (str(e).splitlines() or [type(e).__name__])[0]

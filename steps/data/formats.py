@@ -298,7 +298,7 @@ class TokenDataset:
     across shard boundaries, `document(i)` returns one document's ids.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, verify: bool = False) -> None:
         self.url = url.rstrip("/")
         self.manifest = read_tokens_manifest(self.url)
         if self.manifest.get("format") != TOKENS_FORMAT:
@@ -314,6 +314,55 @@ class TokenDataset:
         self._starts = np.array([s.start for s in self.shards] + [start], dtype=np.int64)
         self._doc_starts = np.cumsum([0] + [s.documents for s in self.shards], dtype=np.int64)
         self._maps: dict[str, np.ndarray] = {}
+        self._check_sizes()
+        if verify:
+            self.verify()
+
+    def verify(self) -> None:
+        """Read every shard file and compare its md5 with the checksum the executor's record of
+        this output (`.step.json` beside the manifest: its `manifest`) holds; a ValueError naming
+        the first that differs. Reads the whole dataset: for an audit, not for every open."""
+        import hashlib
+
+        try:
+            record = read_json(join(self.url, ".step.json"))
+        except FileNotFoundError:
+            raise ValueError(f"{self.url}: no record (.step.json) beside the manifest to verify against") from None
+        sums = {e.get("path"): e.get("checksum", "") for e in record.get("manifest") or []}
+        for s in self.shards:
+            for suffix in ("tokens", "offsets"):
+                rel = f"shards/{s.name}.{suffix}"
+                want = sums.get(rel, "")
+                if not want.startswith("md5:"):
+                    raise ValueError(f"{self.url}: the record has no md5 of {rel} to verify against")
+                digest = hashlib.md5(usedforsecurity=False)
+                with self.fs.open(posixpath.join(self._root, rel), "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 22), b""):
+                        digest.update(chunk)
+                if "md5:" + digest.hexdigest() != want:
+                    raise ValueError(f"{self.url}: shard {s.name}: {rel} does not have the content its record says "
+                                     f"(md5 {digest.hexdigest()[:12]}, recorded {want[4:16]}): not read")
+
+    def _check_sizes(self) -> None:
+        """Each shard's files hold exactly the bytes its manifest says (one listing): a shard cut
+        short (a copy interrupted, a disk that lost a write) would read short without error, and
+        whatever counts tokens would count the short data."""
+        if not self.shards:
+            return
+        folder = posixpath.join(self._root, "shards")
+        try:
+            entries = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            entries = []
+        found = {posixpath.relpath(e["name"].rstrip("/"), folder.rstrip("/")): int(e.get("size") or 0)
+                 for e in entries}
+        for s in self.shards:
+            for suffix, want in (("tokens", s.tokens * self.dtype.itemsize), ("offsets", (s.documents + 1) * 8)):
+                have = found.get(f"{s.name}.{suffix}")
+                if have != want:
+                    what = "is missing" if have is None else f"holds {have} bytes"
+                    raise ValueError(f"{self.url}: shard {s.name}: {s.name}.{suffix} {what}, the manifest says {want} "
+                                     "(cut short or replaced): not read")
 
     @property
     def num_tokens(self) -> int:

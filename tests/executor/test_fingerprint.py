@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from executor.identity import code_fingerprint
+from executor.fingerprint import code_fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -11,7 +11,8 @@ import pytest
 
 from executor import IdentityError, Step, output_of, run_only, step_type, this_output
 from executor.dag import build_dag
-from executor.identity import code_fingerprint, diff, encode, plain, step_digest
+from executor.fingerprint import code_fingerprint
+from executor.identity import diff, encode, plain, step_digest
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import pytest
 from kits.vizkit import run_inline  # noqa: E402
 
 from executor.cli import main  # noqa: E402
+from executor.gc.collect import OLD  # noqa: E402
 from executor.storage.lease import Leases, Owner  # noqa: E402
 from executor.plan import Selection  # noqa: E402
 from executor.storage.store import Store  # noqa: E402
@@ -171,8 +172,10 @@ def test_stale_versions_go_current_stays_and_without_yes_nothing_is_deleted(tmp_
     assert files(prefix) == before  # a dry listing: nothing deleted
     assert "nothing deleted: run again with --yes" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("gc/")]
-    assert {(r[0], " ".join(r[1:3])) for r in rows} == {("gc/src", "old version"), ("gc/use", "old version"),
-                                                        ("gc/train", "old version")}
+    # the same voyage under other overrides: not "old version" (issue 28), and the configs named
+    label = "not reached by the named configs"
+    assert {(r[0], " ".join(r[1:7])) for r in rows} == {("gc/src", label), ("gc/use", label), ("gc/train", label)}
+    assert f"1 voyage ({os.path.basename(voyage_file)} --text b)" in out.splitlines()[0], out
     assert f"({sum(stale.values()):,} bytes)" in out  # the bytes of exactly the old folders
     assert "kept: reached outputs: 3," in out
 
@@ -351,7 +354,7 @@ def test_several_voyages_each_with_its_own_overrides(tmp_path, capsys, voyage_fi
     assert code == 2 and "nosuch.py' not found" in err
     code, out, err = gc(capsys, voyage_file, prefix, "--text", "b", "--loud", other, "--text", "m", "--yes")
     assert code == 0, err
-    assert "2 voyages, 4 steps reached" in out and "deleted 1 items" in out
+    assert "2 voyages (gcv.py --text b --loud; other.py --text m), 4 steps reached" in out and "deleted 1 items" in out
     assert folders(prefix, "other/note") == [dirnames(str(other), text="m")["other/note"].rpartition("/")[2]]
     assert len(folders(prefix, "gc/src")) == 1
 
@@ -461,8 +464,8 @@ def test_what_changed_after_the_listing_is_skipped_by_the_sweep(tmp_path, voyage
     store = Store(prefix)
     vf = load(voyage_file)
     report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
-    assert {(i.output, i.kind) for i in report.items} == {(a["gc/src"], "old version"), (a["gc/use"], "old version"),
-                                                          (a["gc/train"], "old version"),
+    assert {(i.output, i.kind) for i in report.items} == {(a["gc/src"], OLD), (a["gc/use"], OLD),
+                                                          (a["gc/train"], OLD),
                                                           (b["gc/src"], "abandoned attempt")}
     # After the listing: another executor starts on the old gc/use, and gc/src is rerun again.
     Leases(store, ttl=60, owner=Owner("elsewhere", 1, "run-elsewhere")).try_acquire(a["gc/use"])
