@@ -30,7 +30,7 @@ from steps.data.mixture import MixtureConfig, MixtureStage, mixture  # noqa: E40
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
 from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
-from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.pretrain import midtrain, pretrain  # noqa: E402
 
 

@@ -54,7 +54,7 @@ from steps.scale.plan import MEMORY_TARGET_GIB, Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
 from steps.train.watchdog import WatchdogConfig
-from steps.train.eval import EvalConfig, HarnessConfig, evaluate
+from steps.eval.evaluate import EvalConfig, HarnessConfig, evaluate
 from steps.train.pretrain import midtrain, pretrain
 
 REPO = Path(__file__).resolve().parents[1]  # the laptop corpus's relative paths start here

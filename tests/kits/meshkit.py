@@ -103,7 +103,7 @@ def replace_pc(cfg: TrainConfig, pc: ParallelConfig, **trainer) -> TrainConfig:
 def run_eval(trained: str, output: str, workers: int, pc: ParallelConfig) -> dict:
     """The eval step's scoring of `trained`'s newest checkpoint on `workers` spawned processes
     (in this process for one) sharded by `pc`; returns results.json."""
-    from steps.train.eval import EvalConfig, prepare, score
+    from steps.eval.evaluate import EvalConfig, prepare, score
     from steps.train.launch import spawn
 
     ctx = StepContext(name="eval", output=output, digest="e" * 64, resources=Resources(cpus=1, workers=workers))

@@ -323,8 +323,8 @@ def hf_folder_loads_and_scores(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # read when transformers is imported
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from steps.export.harness_hf import run_hf_tasks
-    from steps.train.eval import HarnessConfig
+    from steps.eval.harness_hf import run_hf_tasks
+    from steps.eval.evaluate import HarnessConfig
 
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # config.json names remote code

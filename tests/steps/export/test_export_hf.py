@@ -21,7 +21,7 @@ TEXTS = [
 
 
 def _ours(laptop):
-    from steps.train.eval import load_model
+    from steps.eval.evaluate import load_model
 
     found = checkpoint.resolve(laptop["midtrain"], "checkpoint")
     return load_model(found.url, checkpoint.read_meta(found.url), torch.device("cpu"))

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[eval]')")
 
-from steps.train.eval import EvalConfig, HarnessConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, HarnessConfig, evaluate  # noqa: E402
 from kits.trainkit import run_step  # noqa: E402  (on sys.path through conftest)
 
 TASKS = {

@@ -50,7 +50,7 @@ def test_bf16_round_trip_rounds_only_what_it_stored_in_bf16(laptop, tmp_path):
 
 
 def test_midtrain_and_eval_start_from_the_imported_weights(laptop, imported, tmp_path):
-    from steps.train.eval import EvalConfig, evaluate
+    from steps.eval.evaluate import EvalConfig, evaluate
     from steps.train.loop import Trainer
     from steps.train.pretrain import midtrain, prepare
 

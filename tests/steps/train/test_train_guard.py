@@ -19,7 +19,7 @@ from executor import NonFinite  # noqa: E402
 from executor.failures import NON_FINITE, classify  # noqa: E402
 from steps.train import checkpoint, saving  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
-from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.loop import Killed, build_model, build_optimizer  # noqa: E402
 from steps.train.pretrain import pretrain  # noqa: E402
 from steps.train.spikes import SpikeConfig, trained_ranges  # noqa: E402

@@ -18,7 +18,7 @@ from steps.data.formats import read_json, write_json  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig,  # noqa: E402
                                 TrainerConfig)
-from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.loop import Killed  # noqa: E402
 from steps.train.pretrain import midtrain, pretrain  # noqa: E402
 from steps.train.tracking import METRIC_KEYS  # noqa: E402
@@ -166,7 +166,7 @@ def test_midtrain_refuses_a_checkpoint_of_another_shape(mix, tmp_path):
 
 
 def test_step_modules_import_neither_torch_nor_ray():
-    code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.train.eval; "
+    code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.eval.evaluate; "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

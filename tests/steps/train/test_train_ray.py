@@ -19,7 +19,7 @@ from executor.storage.store import Store  # noqa: E402
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig,  # noqa: E402
                                 TrainConfig, TrainerConfig)
-from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.pretrain import midtrain, pretrain  # noqa: E402
 
 # the slower tier (`--tier slow`: fault injection on real processes), which .ci/run runs after the

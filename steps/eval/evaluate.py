@@ -1,5 +1,5 @@
 """`eval`: held-out loss and bits per byte of a checkpoint, per dataset, beside the unigram
-baseline; optionally lm-eval-harness tasks through our adapter (steps/train/harness.py).
+baseline; optionally lm-eval-harness tasks through our adapter (steps/eval/harness.py).
 
 Held-out data, per dataset of the mixture the checkpoint trained on: the windows of its first
 epoch that the whole mixture (every stage) never draws. The mixture reads dataset d's windows in
@@ -198,7 +198,7 @@ def score(job: EvalJob) -> None:
             "unigram_bpb": sum(v["unigram_bpb"] * v["bytes"] for v in scored) / max(n_bytes, 1),
             "unigram_trained_sequences": job.trained, "workers": job.workers}
         if config.harness is not None:
-            from steps.train.harness import run_tasks
+            from steps.eval.harness import run_tasks
 
             results["harness"] = run_tasks(model, job.tokenizer_url, job.meta, config.harness, device,
                                            config.batch_size)
@@ -207,7 +207,7 @@ def score(job: EvalJob) -> None:
             raise NonFinite(f"eval of {job.url}: non-finite results at {', '.join(bad[:4])}; results.json not written")
         if not dist.is_initialized() or dist.get_rank() == 0:
             if config.harness is not None and config.harness.hf_model is not None:
-                from steps.export.harness_hf import run_hf_tasks  # transformers' own model: whole, on rank 0
+                from steps.eval.harness_hf import run_hf_tasks  # transformers' own model: whole, on rank 0
 
                 results["harness_hf"] = run_hf_tasks(config.harness.hf_model, config.harness, device,
                                                      config.batch_size)

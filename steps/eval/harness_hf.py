@@ -1,6 +1,6 @@
 """lm-eval-harness's own `hf` model (HFLM: transformers' AutoModelForCausalLM and AutoTokenizer,
 `trust_remote_code=True`) on an exported folder: the ecosystem's path, beside our adapter
-(steps/train/harness.py), with the same task settings.
+(steps/eval/harness.py), with the same task settings.
 
 Needs the `eval` extra (lm-eval, transformers, accelerate). A folder on an object store is copied
 to a local temporary folder first (transformers reads local folders or the hub).
@@ -29,8 +29,8 @@ def local_folder(url: str) -> Iterator[str]:
 
 
 def run_hf_tasks(folder: str, cfg: Any, device: Any, batch_size: int) -> dict[str, Any]:
-    """Run the tasks of `cfg` (a steps.train.eval.HarnessConfig) with lm-eval's `hf` model on the
-    exported folder; returns the per-task metrics as `steps.train.harness.run_tasks` does."""
+    """Run the tasks of `cfg` (a steps.eval.evaluate.HarnessConfig) with lm-eval's `hf` model on the
+    exported folder; returns the per-task metrics as `steps.eval.harness.run_tasks` does."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager

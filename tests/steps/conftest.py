@@ -1,4 +1,4 @@
-"""The training tests' shared data: the bundled corpus ingested, a 512-id byte-level BPE trained
+"""The step tests' shared data: the bundled corpus ingested, a 512-id byte-level BPE trained
 on it and both sources tokenized, once per session, by the data step functions in-process."""
 
 import os

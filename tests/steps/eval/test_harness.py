@@ -14,7 +14,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip i
 from kits.trainkit import make_mixture, run_step  # noqa: E402
 
 from steps.train.config import DataConfig, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
-from steps.train.eval import EvalConfig, HarnessConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, HarnessConfig, evaluate  # noqa: E402
 from steps.train.pretrain import pretrain  # noqa: E402
 
 TASKS = {
@@ -84,8 +84,8 @@ def test_adapter_loglikelihood_is_the_models_own(trained, tokens):
 
     from steps.data.tokenizer import load_tokenizer
     from steps.train import checkpoint
-    from steps.train.eval import load_model
-    from steps.train.harness import HarnessLM
+    from steps.eval.evaluate import load_model
+    from steps.eval.harness import HarnessLM
 
     found = checkpoint.resolve(trained, "checkpoint")
     meta = checkpoint.read_meta(found.url)
