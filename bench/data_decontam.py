@@ -7,7 +7,7 @@ GPT-3-style reference), and the count it removes on the laptop voyage's corpus.
 With `--sizes`: the task's rate against the eval side's size (synthetic eval texts of 200 words
 drawn from the corpus's vocabulary, so the lookups miss as most do), its build's peak memory
 (RSS growth, `steps.data.memory`) per n-gram, and the plan's modelled rate at that size
-(`steps.data.plan.decontam_rate`) beside it, with their ratio.
+(`steps.data.budget.decontam_rate`) beside it, with their ratio.
 
 Contenders run interleaved in one process, each timed by process CPU time (best of N):
 - ours: the decontaminate step's per-shard function (`_decontaminator`): read and decompress the shards,
@@ -127,7 +127,7 @@ def by_size(args) -> None:
     from steps.data.decontam import BUILD_BYTES_PER_NGRAM, EVALS, _decontaminator, build_index
     from steps.data.formats import iter_documents
     from steps.data.memory import Measure
-    from steps.data.plan import decontam_rate
+    from steps.data.budget import decontam_rate
     from steps.data.shard_io import Shard
 
     src = shards(args.scale)

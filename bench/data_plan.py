@@ -1,5 +1,5 @@
 """Per-core throughputs of the data steps, the figures the data plan of `marin-run voyages/535b.py
---dry-run` is computed from (steps/data/plan.py, RATES).
+--dry-run` is computed from (steps/data/budget.py, RATES).
 
     .venv/bin/python bench/data_plan.py --scale 2 --repeats 1
 

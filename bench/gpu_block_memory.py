@@ -160,7 +160,7 @@ def planned_block(cfg, layer: int, context: int, mode: str) -> dict:
     allocator's reserve, the compute time at the calibrated efficiency."""
     from steps.moe.config import PRESETS
     from steps.scale import memory as mem
-    from steps.scale.plan import Setup
+    from steps.scale.mesh_plan import Setup
 
     t = dataclasses.replace(mem.Tokens.of(cfg, 1, context, 1), ep=64)  # the form with an exchange
     kept = mem.kept_bytes(cfg, layer, t, mode)

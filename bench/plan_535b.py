@@ -34,7 +34,7 @@ def child() -> None:
     t1 = time.perf_counter()
     from steps.moe.config import PRESETS
     from steps.scale.measure import read_shards, trace_activations
-    from steps.scale.plan import Setup, pick, with_measurement
+    from steps.scale.mesh_plan import Setup, pick, with_measurement
 
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792)
     chosen, _ = pick(setup)
@@ -70,7 +70,7 @@ def tables() -> None:
     from steps.scale.anchor import ANCHOR
     from steps.scale.hardware import GIB
     from steps.scale.measure import measure
-    from steps.scale.plan import Choice, Mesh, Setup, pick
+    from steps.scale.mesh_plan import Choice, Mesh, Setup, pick
 
     setup = Setup(model=PRESETS["535b-a23b"], batch=11_264, context=4095, gpus=792)
     cal = setup.calibration
@@ -123,7 +123,7 @@ def sensitivity(setup, choice) -> None:
 
     from steps.scale.anchor import ANCHOR_STACK, calibrate
     from steps.scale.hardware import GIB
-    from steps.scale.plan import Choice, Mesh, estimate
+    from steps.scale.mesh_plan import Choice, Mesh, estimate
 
     hw = setup.hardware
     readings = [

@@ -18,7 +18,7 @@ from steps.moe.config import PRESETS  # noqa: E402
 from steps.scale import memory as mem  # noqa: E402
 from steps.scale.anchor import ANCHOR  # noqa: E402
 from steps.scale.hardware import GIB  # noqa: E402
-from steps.scale.plan import Choice, Mesh, Setup, estimate, pick  # noqa: E402
+from steps.scale.mesh_plan import Choice, Mesh, Setup, estimate, pick  # noqa: E402
 
 BIG = PRESETS["535b-a23b"]
 FULL = Setup(model=BIG, batch=11_264, context=4095, gpus=792)

@@ -38,7 +38,7 @@ from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
 from steps.dedup.dedup import DedupConfig, dedup
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
-from steps.data.plan import CpuNodes, DataPlan, DataSource, format_data_plan, plan_data
+from steps.data.budget import CpuNodes, DataPlan, DataSource, format_data_plan, plan_data
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
@@ -50,7 +50,7 @@ from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
 from steps.provenance.card import CardConfig, model_card
 from steps.scale.hardware import GB200_NVL72
 from steps.scale.anchor import ANCHOR
-from steps.scale.plan import MEMORY_TARGET_GIB, Setup
+from steps.scale.mesh_plan import MEMORY_TARGET_GIB, Setup
 from steps.train.config import (DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrainConfig,
                                 TrainerConfig)
 from steps.train.watchdog import WatchdogConfig
@@ -133,7 +133,7 @@ class Scale:
     pretrain_tokens: float
     midtrain_tokens: float
     train_resources: Resources
-    data_resources: Resources | None  # None: each data step's from the data plan (steps/data/plan.py)
+    data_resources: Resources | None  # None: each data step's from the data plan (steps/data/budget.py)
     eval_resources: Resources
     tokenizer_vocab: int
     optimizer: OptimizerConfig
@@ -154,7 +154,7 @@ FULL = Scale(
     pretrain_tokens=15e12, midtrain_tokens=3.75e12,
     # a worker a GPU (a compute tray: 4 GPUs, 2 Grace CPUs of 72 cores and 480 GB); workers: the plan's ranks
     train_resources=Resources(cpus=32, gpus=1, accelerator="GB200", memory_gb=200, workers=792),
-    data_resources=None,  # planned per step: steps/data/plan.py, printed by --dry-run
+    data_resources=None,  # planned per step: steps/data/budget.py, printed by --dry-run
     # eval loads the checkpoint sharded, as the trainer does: the fp32 weights are 533.8B x 4 B =
     # 2.14 TB, so one rack's expert mesh (64 GPUs, EP64, 6 experts a GPU) holds 33 GB a GPU of
     # weights, no gradients or optimizer state, and forwards of `EvalConfig.batch_size` windows
@@ -342,7 +342,7 @@ def data_plan_of(config: VoyageConfig) -> DataPlan:
 
 def _dedup_tasks(config: VoyageConfig, resources: Resources) -> dict[str, float]:
     """What each pass-1 and pass-4 task of a dedup declares to Ray: at full size the plan's largest
-    task (a 100k-document shard's sorted records, steps/data/plan.py), not DedupConfig's 1 GiB
+    task (a 100k-document shard's sorted records, steps/data/budget.py), not DedupConfig's 1 GiB
     default, which fits the laptop's shards (run-only: the digest does not change)."""
     return {} if config.laptop else {"task_memory_gb": resources.memory_gb}
 

@@ -17,7 +17,7 @@ Folders made before attempts had folders of their own have a `.status` without `
 are the folder itself, and they are read as before.
 
 Outputs name each other (a mixture its datasets, a token dataset its tokenizer) by paths relative
-to the output folder, without attempt ids (`steps.data.refs`): `logical` takes the attempt out of
+to the output folder, without attempt ids (`steps.data.paths`): `logical` takes the attempt out of
 a URL, `served` puts the committed one back in by reading the `.status` of the output the URL is in.
 """
 

@@ -63,7 +63,7 @@ from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_s
     join, read_json, url_fs, write_bytes
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.memory import GiB, checked
-from steps.data.plan import decontam_task_gb, ingest_task_gb
+from steps.data.budget import decontam_task_gb, ingest_task_gb
 from steps.data.shard_io import Shard, commit_manifest, map_shards, retry
 
 MODES = ("remove", "mark")

@@ -7,7 +7,7 @@ Tokens: per shard a flat little-endian array `NAME.tokens` (uint16 when the voca
 else uint32) and `NAME.offsets`, int64, the start of every document plus the end (so
 `documents + 1` entries, first 0), listed by a `manifest.json` (format `marin-tokens/1`) with
 token and document counts, the tokenizer and each shard's source (named relative to the folder
-when in the same prefix, see `steps.data.refs`; `read_tokens_manifest` resolves them).
+when in the same prefix, see `steps.data.paths`; `read_tokens_manifest` resolves them).
 
 Every file is written through the executor's one atomic-write helper (`executor.AtomicFile`:
 a temporary name renamed into place, or on an object store an upload committed at the end), and
@@ -31,7 +31,7 @@ import numpy as np
 import zstandard
 
 from executor import AtomicFile, is_local, write_atomic
-from steps.data.refs import resolve
+from steps.data.paths import resolve
 
 DOCS_FORMAT = "marin-documents/1"
 TOKENS_FORMAT = "marin-tokens/1"

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 from executor import License, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import DOCS_FORMAT, DocumentWriter, expand, join, open_lines, url_fs
 from steps.data.provenance import LICENSES_KEY, source_licenses, to_manifest
-from steps.data.plan import ingest_task_gb
+from steps.data.budget import ingest_task_gb
 from steps.data.shard_io import Shard, commit_manifest, is_transient, map_shards
 
 REJECT_SNIPPET = 2000  # bytes of a bad record kept in the rejects file

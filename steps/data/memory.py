@@ -2,7 +2,7 @@
 
 Ray schedules a task that declares `memory=` only where that much is free; a task that then uses
 more is what the kernel's OOM killer finds. So every task of the data steps declares a figure
-derived from its own inputs (the data plan's per-task formulas, `steps.data.plan`), and checks it:
+derived from its own inputs (the data plan's per-task formulas, `steps.data.budget`), and checks it:
 `bounded(step, part, declared_gb)` measures the task's peak resident memory and raises
 `OverBudget`, one line naming the step, the part (a dedup pass, or "task") and both figures,
 when it is over.

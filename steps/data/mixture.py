@@ -38,7 +38,7 @@ from executor import InputPath, License, StepContext, VoyageError, step_type
 from executor.licenses import NOASSERTION, from_json_map
 from steps.data.formats import MANIFEST, TokenDataset, join, read_json, write_json
 from steps.data.provenance import LICENSES_KEY, manifest_licenses, note_sources, to_manifest
-from steps.data.refs import ref, resolve
+from steps.data.paths import ref, resolve
 
 MIXTURE_FORMAT = "marin-mixture/1"
 MIXTURE_FILE = "mixture.json"
@@ -136,7 +136,7 @@ def mixture(config: MixtureConfig, ctx: StepContext) -> None:
 
 def load_mixture(url: str) -> dict[str, Any]:
     """The manifest of a mixture step's output folder (or of its mixture.json), every dataset's
-    `url` resolved against the folder (steps.data.refs)."""
+    `url` resolved against the folder (steps.data.paths)."""
     path = url if url.endswith(".json") else join(url, MIXTURE_FILE)
     manifest = read_json(path)
     folder = path.rpartition("/")[0]

@@ -16,7 +16,7 @@ errors, and may leave out (quarantine) shards that keep failing, up to `max_quar
 naming them in the manifest and the record (`steps.data.shard_io`).
 
 The manifest names the tokenizer and each shard's source, and each ledger its source, relative to
-its own folder when they are in the same prefix (`steps.data.refs`): the same bytes under any
+its own folder when they are in the same prefix (`steps.data.paths`): the same bytes under any
 prefix, and a copied prefix reads its own copy.
 """
 
@@ -35,8 +35,8 @@ import numpy as np
 from executor import InputPath, Resources, StepContext, VoyageError, run_only, step_type
 from steps.data.formats import TOKENS_FORMAT, TokenShardWriter, document_shards, iter_text_batches, join, token_dtype
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
-from steps.data.refs import ref
-from steps.data.plan import tokenize_task_gb
+from steps.data.paths import ref
+from steps.data.budget import tokenize_task_gb
 from steps.data.shard_io import Shard, commit_manifest, map_shards
 from steps.data.tokenizer import load_tokenizer, special_id
 

@@ -45,7 +45,7 @@ from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_s
 from steps.data.memory import GiB, WORKER_GB, checked
 from steps.dedup.minhash import MinHasher, band_keys
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest, union
-from steps.data.refs import ref
+from steps.data.paths import ref
 
 SNIPPET = 300
 BASE_MEMORY = WORKER_GB  # GiB a task's worker holds before it does anything (Python, numpy, fsspec)
@@ -112,7 +112,7 @@ class _Job:
     output: str
     shards: tuple[tuple[int, str], ...]  # (global shard index, URL)
     config: DedupConfig
-    sources: tuple[str, ...] = ()  # pass 4: how each shard's ledger names its input (steps.data.refs)
+    sources: tuple[str, ...] = ()  # pass 4: how each shard's ledger names its input (steps.data.paths)
     where: tuple[tuple[str, int], ...] = ()  # pass 4: (source name, shard index in the source) per shard
     firsts: tuple[tuple[str, int], ...] = ()  # pass 4: (source, its first global shard), in id order
     drop: str = ""  # pass 4: the drop file of the shards' group

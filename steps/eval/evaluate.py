@@ -91,7 +91,7 @@ def prepare(config: EvalConfig, ctx: StepContext) -> "EvalJob":
     """Everything but the model: check the inputs, pick the held-out windows, count the unigram
     baseline and the bytes (torch-free). Raises a VoyageError naming the field."""
     from steps.data.mixture import MixtureSampler
-    from steps.data.refs import resolve
+    from steps.data.paths import resolve
     from steps.train import checkpoint
     from steps.train.data import check_vocab, read_mixture
 
@@ -162,7 +162,7 @@ def score(job: EvalJob) -> None:
     import torch
     import torch.distributed as dist
 
-    from steps.data.refs import ref
+    from steps.data.paths import ref
     from steps.train.parallel import arrange, pick_device, pick_precision
 
     config = job.config

@@ -141,7 +141,7 @@ def training_data_tokens(meta: dict[str, Any], url: str) -> dict[str, Any]:
     reads ({} when it names no mixture); datasets that disagree are an error. The checkpoint names
     its mixture, and the datasets their tokenizer, relative to themselves (a relocatable prefix)."""
     from steps.data.formats import read_tokens_manifest
-    from steps.data.refs import resolve
+    from steps.data.paths import resolve
     from steps.train.data import read_mixture
 
     if not meta.get("mixture"):

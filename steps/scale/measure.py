@@ -22,7 +22,7 @@ import torch
 from executor import VoyageError
 from steps.scale import memory as mem
 from steps.scale.hardware import GIB
-from steps.scale.plan import (Activations, Choice, Plan, Setup, estimate, layer_kinds, pick, shortfall,
+from steps.scale.mesh_plan import (Activations, Choice, MeshPlan, Setup, estimate, layer_kinds, pick, shortfall,
                               with_measurement)
 from steps.scale.trace import fake_world, trace_block, trace_head
 
@@ -111,8 +111,8 @@ def trace_activations(setup: Setup, choice: Choice) -> Activations:
 class Measured:
     """A plan from measured figures, beside the closed-form plan of the same choice."""
 
-    plan: Plan
-    formula: Plan
+    plan: MeshPlan
+    formula: MeshPlan
     reading: ShardReading
     trace_seconds: float
     passed_over: tuple[str, ...] = ()  # faster choices whose measured figures did not fit (plan_for)
@@ -133,8 +133,8 @@ def measure(setup: Setup, choice: Choice) -> Measured:
 @functools.lru_cache(maxsize=8)
 def plan_for(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
              checkpointing: str = "auto", offload: str = "auto",
-             tries: int = 4) -> tuple[Measured, tuple[Plan, ...]]:
-    """The search's choice for the fields given (steps.scale.plan.pick), measured; and the
+             tries: int = 4) -> tuple[Measured, tuple[MeshPlan, ...]]:
+    """The search's choice for the fields given (steps.scale.mesh_plan.pick), measured; and the
     alternatives. When the measured figures do not fit where the closed form did, the next
     alternative by step time is measured instead (up to `tries` in all; `Measured.passed_over`
     names the ones that missed). A VoyageError when nothing divides or fits, or when none of the

@@ -15,7 +15,7 @@ from steps.scale.comms import (
 from steps.scale import memory as mem
 from steps.scale.hardware import GIB
 from steps.scale.memory import BF16, FP32
-from steps.scale.plan import OFFLOAD_WORDS, TIE, Plan, estimate
+from steps.scale.mesh_plan import OFFLOAD_WORDS, TIE, MeshPlan, estimate
 
 
 def _gib(x: float) -> str:
@@ -29,7 +29,7 @@ def _bytes(x: float) -> str:
     return f"{x:7.0f} B "
 
 
-def placement_line(plan: Plan) -> str:
+def placement_line(plan: MeshPlan) -> str:
     s, c, m = plan.setup, plan.choice, plan.choice.mesh
     g = s.gpus_per_rack
     per_rack = plan.replicas_per_rack * m.dp_shard
@@ -43,7 +43,7 @@ def placement_line(plan: Plan) -> str:
             f"(offload {c.offload})")
 
 
-def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]:
+def memory_table(plan: MeshPlan, sources: dict[str, str] | None = None) -> list[str]:
     hw = plan.setup.hardware
     lines = ["  memory a GPU (its largest shards)           GiB   what, from where"]
     for row in plan.rows:
@@ -53,14 +53,14 @@ def memory_table(plan: Plan, sources: dict[str, str] | None = None) -> list[str]
     lines.append(f"    (peak = what of weights, grads and moments stays on the GPU + CUDA context + NCCL buffers + the "
                  f"larger of two moments: a block's backward with every block's kept activations, or the head and "
                  f"loss + the fragmentation reserve on it; the target is the setting memory_target_gib, "
-                 f"{plan.setup.memory_target_gib:g} GiB, steps/scale/plan.py MEMORY_TARGET_GIB says why)")
+                 f"{plan.setup.memory_target_gib:g} GiB, steps/scale/mesh_plan.py MEMORY_TARGET_GIB says why)")
     return lines
 
 
 COMPUTE_LABEL = "compute: model FLOPs (the trainer's count)"
 
 
-def comm_table(plan: Plan) -> list[str]:
+def comm_table(plan: MeshPlan) -> list[str]:
     s, t = plan.setup, plan.time
     mode = plan.choice.checkpointing
     lines = ["  per optimizer step, one GPU          group                      bytes    link       time  exposed"
@@ -93,7 +93,7 @@ def comm_table(plan: Plan) -> list[str]:
 HOST_SYNC_S = 30e-6  # a device-to-host sync: the GPU idles until the host launches again (assumed)
 
 
-def host_syncs(plan: Plan) -> int:
+def host_syncs(plan: MeshPlan) -> int:
     """Device-to-host syncs a step of the expert-parallel dispatch: one a block and micro-batch
     (the split sizes, sent and received read together), again in a recompute (the block's Python
     runs again even where the collectives' outputs are kept); none without expert parallelism."""
@@ -104,7 +104,7 @@ def host_syncs(plan: Plan) -> int:
     return plan.setup.model.n_layers * micro * (1 if c.checkpointing == "none" else 2)
 
 
-def host_sync_lines(plan: Plan) -> list[str]:
+def host_sync_lines(plan: MeshPlan) -> list[str]:
     n = host_syncs(plan)
     if not n:
         return []
@@ -113,7 +113,7 @@ def host_sync_lines(plan: Plan) -> list[str]:
             f"idle GPU each (assumed)"]
 
 
-def anchor_lines(plan: Plan) -> list[str]:
+def anchor_lines(plan: MeshPlan) -> list[str]:
     """The comparison with the anchor: the calibration, and this plan's step and MFU at it."""
     s, t = plan.setup, plan.time
     cal = s.calibration
@@ -136,7 +136,7 @@ def anchor_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def anchor_readings(plan: Plan) -> list[dict]:
+def anchor_readings(plan: MeshPlan) -> list[dict]:
     """The anchor under each reading of its unpublished checkpointing (ANCHOR_READINGS): its
     peak through our memory model (its stack as assumed: no fragmentation reserve under XLA's
     static allocator, the loss over whole logits), the efficiency calibrated on it, and this
@@ -144,7 +144,7 @@ def anchor_readings(plan: Plan) -> list[dict]:
     import dataclasses
 
     from steps.scale.anchor import ANCHOR_OFFLOAD, ANCHOR_READINGS, calibrate
-    from steps.scale.plan import Choice, estimate
+    from steps.scale.mesh_plan import Choice, estimate
     from steps.scale.memory import Mesh
 
     s, a = plan.setup, ANCHOR
@@ -160,7 +160,7 @@ def anchor_readings(plan: Plan) -> list[dict]:
     return out
 
 
-def anchor_readings_lines(plan: Plan) -> list[str]:
+def anchor_readings_lines(plan: MeshPlan) -> list[str]:
     rows = anchor_readings(plan)
     lines = [f"    the anchor's checkpointing is not published; both readings side by side (its peak by our model, "
              f"against the published {ANCHOR.peak_gib} GiB):",
@@ -172,7 +172,7 @@ def anchor_readings_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def efficiency_for(plan: Plan, target_s: float) -> float | None:
+def efficiency_for(plan: MeshPlan, target_s: float) -> float | None:
     """The efficiency while computing at which this plan's step takes `target_s` (None: not even
     at peak). Bisection: the step falls as the efficiency rises."""
     def total(e: float) -> float:
@@ -187,7 +187,7 @@ def efficiency_for(plan: Plan, target_s: float) -> float | None:
     return hi
 
 
-def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[str]:
+def alternatives_table(plans: list[MeshPlan], chosen: MeshPlan, top: int = 5) -> list[str]:
     lines = [f"  the fastest meshes under the {chosen.setup.memory_target_gib:g} GiB target on {chosen.setup.gpus} GPUs "
              f"(closed form, by step time; * = the search's choice, the fastest or a lighter one within "
              f"{TIE:.0%}):"]
@@ -200,7 +200,7 @@ def alternatives_table(plans: list[Plan], chosen: Plan, top: int = 5) -> list[st
     return lines
 
 
-def cross_rack_lines(plan: Plan) -> list[str]:
+def cross_rack_lines(plan: MeshPlan) -> list[str]:
     """Why the state is (or is not) sharded across racks: the same step with the distributed
     optimizer across the replicas, and with expert FSDP spanning the racks, against the choice."""
     s, c, m = plan.setup, plan.choice, plan.choice.mesh
@@ -230,7 +230,7 @@ def cross_rack_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def format_plan(plan: Plan, alternatives: list[Plan] | None = None, formula: Plan | None = None,
+def format_plan(plan: MeshPlan, alternatives: list[MeshPlan] | None = None, formula: MeshPlan | None = None,
                 measured_note: str = "") -> str:
     """The whole plan: placement, memory, communication, alternatives and assumptions."""
     s = plan.setup

@@ -35,7 +35,7 @@ def read_mixture(url: str) -> dict[str, Any]:
     """The mixture manifest of a mixture step's output folder (or of the file itself)."""
     path = url if url.endswith(".json") else join(url, MIXTURE_FILE)
     try:
-        return load_mixture(path)  # its datasets' relative names resolved (steps.data.refs)
+        return load_mixture(path)  # its datasets' relative names resolved (steps.data.paths)
     except FileNotFoundError as e:
         raise VoyageError(f"data.mixture: no mixture manifest at {path}") from e
 

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from executor import NonFinite, StepContext
-from steps.data.refs import ref
+from steps.data.paths import ref
 from steps.moe.balance import update_expert_bias
 from steps.moe.expert_parallel import take_dropped_layers
 from steps.train import checkpoint

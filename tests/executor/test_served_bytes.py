@@ -353,14 +353,14 @@ class C4Index:
 
 @step_type(version="1", name="c4_index")
 def c4_index(config: C4Index, ctx) -> None:
-    from steps.data.refs import ref
+    from steps.data.paths import ref
 
     with ctx.open("names.txt", "w") as f:
         f.write(ref(ctx, config.w))  # a name relative to the index: resolved through w's .status
 
 
 def _c4_read_through(config, ctx):
-    from steps.data.refs import resolve
+    from steps.data.paths import resolve
 
     with ctx.open_input(config.index, "names.txt", "r") as f:
         w = resolve(f.read(), config.index)

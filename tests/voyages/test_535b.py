@@ -65,7 +65,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     assert "dp_replicate 11 x dp_shard 64, expert-parallel EP8 inside a rack (48 experts a GPU, FSDP over efsdp 8)" in out
     assert "fake process group of 704 ranks" in out and "traced" in out
     assert "8.34B elements on the largest rank" in out
-    # the data plan (steps/data/plan.py), each data step sized from it
+    # the data plan (steps/data/budget.py), each data step sized from it
     assert "data plan at full size, on 100 nodes of 64 cores and 256 GiB" in out
     assert re.search(r"tokenized/nemotron-cc +63,000 +8 cpu", out) and "(.venv/bin/python bench/data_plan.py" in out
     a2a = next(line for line in out.splitlines() if line.strip().startswith("expert all-to-all"))

@@ -6,7 +6,7 @@ prefix.
 The two runs must agree: every step SUCCESS in the same folders (the digest is the recipe, not
 the place), the same results (documents, rejects, duplicates removed, tokens, mixture draws), and
 the same files with the same bytes, so the same output digests: outputs name their inputs
-relative to themselves (steps/data/refs.py). The GCS outputs read back through gcsfs (documents,
+relative to themselves (steps/data/paths.py). The GCS outputs read back through gcsfs (documents,
 tokenizer, token datasets by byte range, the mixture sampler), a second run on GCS is all cached,
 and a copy of the local prefix is all cached and reads only from itself."""
 

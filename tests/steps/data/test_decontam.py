@@ -200,7 +200,7 @@ def test_every_task_declares_memory_and_the_index_is_built_in_tasks(tmp_path):
     """No Resources.memory_gb: the eval count, the index build (declared from the count) and the
     shard tasks each ask Ray for memory; the step's own process builds nothing."""
     import steps.data.decontam as decontam_mod
-    from steps.data.plan import decontam_task_gb
+    from steps.data.budget import decontam_task_gb
 
     folder, evals = _corpus(tmp_path)
     asked = []

@@ -158,7 +158,7 @@ def test_pin_tokenizer_copies_a_tokenizer_and_checks_its_size(tmp_path):
 def test_every_task_declares_the_plans_memory_when_the_voyage_gives_none(docs_dir, tokenizer_dir, tmp_path):
     """No Resources.memory_gb (the laptop voyage): each task still asks Ray for the data plan's
     figure for a tokenize task, and checks itself against it."""
-    from steps.data.plan import tokenize_task_gb
+    from steps.data.budget import tokenize_task_gb
 
     asked = []
 

@@ -11,7 +11,7 @@ from steps.scale.anchor import anchor_time, calibrate
 from steps.scale.comms import OURS, block_flops_per_token, step_time
 from steps.scale.hardware import GB200_NVL72, GIB
 from steps.scale.memory import Mesh, shards
-from steps.scale.plan import Choice, Setup, estimate, pick
+from steps.scale.mesh_plan import Choice, Setup, estimate, pick
 
 BIG = PRESETS["535b-a23b"]
 FULL = Setup(model=BIG, batch=11_264, context=4095, gpus=792)

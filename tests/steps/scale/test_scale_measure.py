@@ -10,7 +10,7 @@ import torch
 from steps.moe.config import PRESETS, MoEConfig
 from steps.scale import memory as mem
 from steps.scale.measure import measure, read_shards, trace_activations
-from steps.scale.plan import Choice, Mesh, Setup, estimate
+from steps.scale.mesh_plan import Choice, Mesh, Setup, estimate
 from steps.scale.trace import LiveBytes, fake_world, trace_block, trace_head
 
 SMALL = PRESETS["small"]
@@ -121,7 +121,7 @@ def test_a_measured_miss_falls_back_to_the_next_plan_that_fits():
     finds a few bytes more than the formula here)."""
     from steps.scale.hardware import GIB
     from steps.scale.measure import plan_for
-    from steps.scale.plan import pick
+    from steps.scale.mesh_plan import pick
 
     base = Setup(model=SMALL, batch=256, context=256, gpus=72)
     fields = dict(dp_replicate=1, dp_shard=64, microbatch=4, checkpointing="none")

@@ -165,7 +165,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MeshPlan:
     """A choice's memory and time. The peak is computed at once; the memory rows and the step
     time when first read (the search ranks only what fits, and prints only a few)."""
 
@@ -303,7 +303,7 @@ def formula_activations(setup: Setup, choice: Choice) -> Activations:
 
 
 def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shards: mem.Shards | None = None,
-             sources: dict[str, str] | None = None) -> Plan:
+             sources: dict[str, str] | None = None) -> MeshPlan:
     """The plan of `choice`: memory rows, peak and step time. Shards and activations from the
     closed forms unless measured ones are given."""
     racks, per_rack = check(setup, choice)
@@ -393,7 +393,7 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
                          replicas_per_rack=per_rack, racks=racks, offload=off, load=setup.load_mean, stack=OURS,
                          sh=sh)
 
-    return Plan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, peak=peak,
+    return MeshPlan(setup=setup, choice=choice, racks=racks, replicas_per_rack=per_rack, peak=peak,
                 sources=sources or {"shards": "formula", "activations": acts.source}, host=host, make_rows=rows,
                 make_time=time)
 
@@ -418,12 +418,12 @@ def meshes(setup: Setup) -> Iterator[Mesh]:
                     yield Mesh(rep, shard, ep)
 
 
-def _key(plan: Plan) -> tuple[float, int, float]:
+def _key(plan: MeshPlan) -> tuple[float, int, float]:
     """Fastest step; then fewer GPUs; then less memory."""
     return (round(plan.time.total, 3), plan.ranks, plan.peak)
 
 
-def shortfall(plan: Plan, which: str = "its least-memory mesh") -> str:
+def shortfall(plan: MeshPlan, which: str = "its least-memory mesh") -> str:
     """One line naming the memory a plan lacks: the GPU's, or else the host's."""
     hw = plan.setup.hardware
     head = f"the step does not fit on {plan.setup.gpus} GPUs: {which} ({plan.choice.describe()})"
@@ -438,13 +438,13 @@ def shortfall(plan: Plan, which: str = "its least-memory mesh") -> str:
             f"{hw.host_limit:.0%} of the {hw.host_gb:g} GB a GPU has ({have:.1f} GiB)")
 
 
-def _lighter(plan: Plan, than: Plan | None) -> bool:
+def _lighter(plan: MeshPlan, than: MeshPlan | None) -> bool:
     """Whether `plan` is nearer to fitting than `than`: one whose host memory fits first, then
     the smaller GPU peak (the one line then names what a user can most likely change)."""
     return than is None or (not plan.fits_host, plan.peak) < (not than.fits_host, than.peak)
 
 
-def with_measurement(plan: Plan, acts: Activations, shards: mem.Shards) -> Plan:
+def with_measurement(plan: MeshPlan, acts: Activations, shards: mem.Shards) -> MeshPlan:
     """The same plan recomputed from measured shards and traced activations."""
     return estimate(plan.setup, plan.choice, acts=acts, shards=shards,
                     sources={"shards": "measured", "activations": acts.source})
@@ -470,7 +470,7 @@ def check_fields(setup: Setup, dp_replicate: int, dp_shard: int, ep: int, microb
 
 
 def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, microbatch: int = 0,
-         checkpointing: str = "auto", offload: str = "auto") -> tuple[Plan, list[Plan]]:
+         checkpointing: str = "auto", offload: str = "auto") -> tuple[MeshPlan, list[MeshPlan]]:
     """The plan for the fields given (0 / "auto": the search's choice among the rest) and the
     feasible alternatives sorted by step time (the choice among them: the fastest, or a lighter
     one within TIE of it). One VoyageError naming what fails: a mesh that does not
@@ -491,8 +491,8 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
                 and (not ep or m.ep == ep) and (not microbatch or c.microbatch == microbatch)
                 and checkpointing in ("auto", c.checkpointing))
 
-    feasible: list[Plan] = []
-    smallest: Plan | None = None
+    feasible: list[MeshPlan] = []
+    smallest: MeshPlan | None = None
     for mesh in meshes(setup):
         if not wanted(Choice(mesh, microbatch or 1, "full" if checkpointing == "auto" else checkpointing)):
             continue
@@ -521,7 +521,7 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
         given = all((dp_replicate, dp_shard, ep, microbatch)) and "auto" not in (checkpointing, offload)
         raise VoyageError(shortfall(smallest, "the mesh asked for" if given else "its least-memory mesh"))
     ranked = _rank(feasible)
-    per_mesh: dict[Mesh, Plan] = {}
+    per_mesh: dict[Mesh, MeshPlan] = {}
     for p in ranked[1:]:
         if p.choice.mesh != ranked[0].choice.mesh:
             per_mesh.setdefault(p.choice.mesh, p)
@@ -530,7 +530,7 @@ def pick(setup: Setup, dp_replicate: int = 0, dp_shard: int = 0, ep: int = 0, mi
     return ranked[0], sorted(shown, key=lambda p: (p.time.total, p.peak))
 
 
-def _rank(plans: list[Plan]) -> list[Plan]:
+def _rank(plans: list[MeshPlan]) -> list[MeshPlan]:
     """Fastest first; a plan within TIE of the fastest and lighter on memory goes first."""
     ranked = sorted(plans, key=_key)
     close = [p for p in ranked if p.time.total <= ranked[0].time.total * (1 + TIE)]

@@ -279,7 +279,7 @@ def _wall(step: StepPlan, nodes: CpuNodes) -> float:
 
 def format_data_plan(plan: DataPlan) -> str:
     """The plan as the dry-run prints it: a table, totals, and where each throughput comes from."""
-    lines = [f"data plan at full size, on {plan.nodes.describe()} (steps/data/plan.py):",
+    lines = [f"data plan at full size, on {plan.nodes.describe()} (steps/data/budget.py):",
              f"  {'step':<26} {'tasks':>9} {'task':>14} {'core-hours':>11} {'read':>9} {'written':>9} {'wall':>9}"]
     for s in plan.steps:
         lines.append(f"  {s.name:<26} {s.tasks:>9,} {s.cpus:>3} cpu {s.memory_gb:>5.2f} GiB {s.core_hours:>11,.0f} "

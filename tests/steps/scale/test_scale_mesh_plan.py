@@ -10,7 +10,7 @@ from steps.moe.config import PRESETS, flops_per_token, mean_keys, param_counts
 from steps.scale import memory as mem
 from steps.scale.comms import block_flops_per_token, recompute_flops_per_token
 from steps.scale.hardware import GIB
-from steps.scale.plan import Choice, Mesh, Setup, check, estimate, pick
+from steps.scale.mesh_plan import Choice, Mesh, Setup, check, estimate, pick
 
 BIG = PRESETS["535b-a23b"]
 FULL = Setup(model=BIG, batch=11_264, context=4095, gpus=792)

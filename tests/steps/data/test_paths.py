@@ -1,9 +1,9 @@
-"""steps.data.refs: outputs name other outputs of their prefix relative to themselves."""
+"""steps.data.paths: outputs name other outputs of their prefix relative to themselves."""
 
 import pytest
 
 from executor import StepContext
-from steps.data.refs import prefix_of, ref, resolve
+from steps.data.paths import prefix_of, ref, resolve
 
 DIGEST = "0123456789" + "a" * 54
 

@@ -1,4 +1,4 @@
-"""The data plan (steps/data/plan.py): figures from declared tokens and measured rates, the
+"""The data plan (steps/data/budget.py): figures from declared tokens and measured rates, the
 voyage's data steps sized from it, and a task that cannot fit a node is exit 2, one line."""
 
 import importlib.util
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from executor import VoyageError
-from steps.data.plan import BYTES_PER_TOKEN, RATES, ZSTD_RATIO, CpuNodes, DataSource, format_data_plan, plan_data
+from steps.data.budget import BYTES_PER_TOKEN, RATES, ZSTD_RATIO, CpuNodes, DataSource, format_data_plan, plan_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 VOYAGE = os.path.join(ROOT, "voyages", "535b.py")
@@ -68,7 +68,7 @@ def test_the_voyage_sizes_its_data_steps_from_the_plan_and_exits_2_when_one_cann
 
 
 def test_the_decontam_rate_follows_the_eval_sides_size_and_says_how_it_is_known():
-    from steps.data.plan import DECONTAM_RATES, decontam_rate
+    from steps.data.budget import DECONTAM_RATES, decontam_rate
 
     (n0, r0), (n1, r1), (n2, r2) = DECONTAM_RATES
     assert decontam_rate(n1) == (pytest.approx(r1), "measured")
