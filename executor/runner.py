@@ -8,6 +8,11 @@ dependents only and every independent step still finishes. Before a step is sent
 runner takes its lease, then reads its status again (another executor may have finished it), and
 keeps the lease alive from one heartbeat thread until the step returns.
 
+"Done meanwhile" is a commit made by someone else: never the commit the plan saw (the plan chose
+to run the step all the same) nor one an attempt of this run superseded. A retry of a failed
+attempt finds the old output still served; it runs, and a --rerun whose attempts all fail ends
+FAILED with the class of its last failure (the old output stays served), never CACHED.
+
 The backend (`executor.ray_backend.RayBackend` in practice) only submits tasks and waits for
 them; it is handed to the runner, which knows nothing of Ray.
 """
@@ -85,6 +90,11 @@ class _Waiting:
     holder: LeaseInfo | None
 
 
+def _commit_id(status: Any) -> tuple:
+    """What tells one commit of an output folder from another."""
+    return (status.attempt, status.token, status.dir, status.output_digest)
+
+
 class Runner:
     """Runs the steps a plan marks `will_run`, dependencies first, at most `max_concurrent` at once."""
 
@@ -100,6 +110,15 @@ class Runner:
         self.on_change = on_change or (lambda outcome: None)
         self.outputs: dict[str, str | None] = {
             d.name: d.status.output_digest for d in plan.decisions if d.has_output}
+        # Per step, the commits this run must never take as "done meanwhile": the one the plan saw
+        # (it decided to run the step all the same) and the one each of its attempts superseded.
+        # A retry of a failed attempt finds the old output still served (`committed`); taking it
+        # would turn a failed --rerun into CACHED, exit 0.
+        self._superseded: dict[str, set[tuple]] = {}
+        for d in plan.decisions:
+            served = d.status.served() if d.status is not None else None
+            if served is not None:
+                self._superseded.setdefault(d.name, set()).add(_commit_id(served))
 
     def run(self) -> RunSummary:
         t0 = time.time()
@@ -194,6 +213,10 @@ class Runner:
             return None
         if summary.outcomes[d.name].state == WAITING:
             log.info("%s: took over the lease (token %d) to run it", d.name, lease.token)
+        if forced:  # what this attempt supersedes, if another executor committed since the plan
+            now = self.store.read_status(node.dirname)
+            if now is not None and now.served() is not None:
+                self._superseded.setdefault(d.name, set()).add(_commit_id(now.served()))
         heartbeat.hold(node.dirname, lease)
         tries[d.name] = tries.get(d.name, 0) + 1
         # A forced rerun (or an output made without its inputs) starts clean once; the retries
@@ -219,6 +242,9 @@ class Runner:
         status = status.served() if status is not None else None
         if status is None:
             return False
+        cutoff = d.state != StepState.RERUN and (d.conditional_on or d.state == StepState.STALE)
+        if not cutoff and _commit_id(status) in self._superseded.get(d.name, ()):
+            return False  # the output this run set out to replace (or the plan saw): not done meanwhile
         for dep in d.node.deps:
             _, then = recorded_input(status, dep)
             now = self.outputs.get(dep.name)
