@@ -24,14 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from executor.failures import classify_text, should_retry
+from executor.failures import HANG, classify_text, should_retry
+from executor.heartbeat import Beat, outside_bound, overdue
 from executor.identity import SCHEME, normalized, plain
 from executor.storage.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import Decision, Plan, recorded_input
 from executor.refs import detach
 from executor.state import Gate, StepState, blocked_reason, check_transition, gate, initial
 from executor.storage.store import InputInfo
-from executor.worker import TaskResult, TaskSpec
+from executor.worker import TaskResult, TaskSpec, fail_from_outside
 
 log = logging.getLogger("marin.runner")
 
@@ -43,6 +44,11 @@ PENDING, WAITING, RUNNING, SUCCEEDED, FAILED, BLOCKED, CACHED, SUCCESS = (
 class Backend(Protocol):
     def submit(self, task: TaskSpec, attempt: int) -> Any: ...
     def wait(self, handles: list[Any], timeout: float) -> list[tuple[Any, TaskResult]]: ...
+    # optional, for the watchdog outside the worker (executor.heartbeat):
+    # heartbeats(handles) -> {handle: Beat}; stop_hung(handle, beat) -> the dump, and kills it
+
+
+WATCH_EVERY = 1.0  # seconds between looks at the running attempts' heartbeats
 
 
 @dataclass
@@ -115,6 +121,8 @@ class Runner:
         # A retry of a failed attempt finds the old output still served (`committed`); taking it
         # would turn a failed --rerun into CACHED, exit 0.
         self._superseded: dict[str, set[tuple]] = {}
+        self._hung: dict[Any, tuple[str, str, Beat]] = {}  # killed from outside: (error, dump, last beat)
+        self._watched = 0.0
         for d in plan.decisions:
             served = d.status.served() if d.status is not None else None
             if served is not None:
@@ -160,8 +168,11 @@ class Runner:
                     if pending:
                         time.sleep(self.poll)
                     continue
+                self._watch(inflight)
                 for handle, result in self.backend.wait(list(inflight), timeout=self.poll):
                     d, task, attempt = inflight.pop(handle)
+                    if handle in self._hung:  # recorded while the lease is still ours
+                        result = self._hung_result(d, task, handle, result)
                     heartbeat.drop(d.node.dirname)
                     if result.blocked:  # an input had no output when the worker looked: nothing written
                         self._set(summary, d.name, BLOCKED, reason=result.error or "an input has no output",
@@ -191,6 +202,59 @@ class Runner:
                                       ended=result.ended, attempts=result.attempt, failure=failure)
         summary.seconds = time.time() - t0
         return summary
+
+    # -- the watchdog outside the worker --------------------------------------------------------
+    def _watch(self, inflight: dict[Any, tuple[Decision, TaskSpec, int]]) -> None:
+        """Kill the attempts whose heartbeat stopped past its outside bound (executor.heartbeat):
+        a worker frozen where its own watchdog cannot fire."""
+        heartbeats = getattr(self.backend, "heartbeats", None)
+        if heartbeats is None or not inflight or time.monotonic() - self._watched < WATCH_EVERY:
+            return
+        self._watched = time.monotonic()
+        for handle, beat in heartbeats([h for h in inflight if h not in self._hung]).items():
+            if not overdue(beat):
+                continue
+            d, task, _ = inflight[handle]
+            where = f"pid {beat.info.get('pid', '?')}" + (f" on node {str(beat.info['node'])[:12]}"
+                                                         if beat.info.get("node") else "")
+            error = (f"Hang: no heartbeat for {beat.age:.0f}s (outside bound {outside_bound(beat):.0f}s; "
+                     f"{beat.count} optimizer steps done{', saving a checkpoint' if beat.paused else ''}): "
+                     f"the worker ({where}) did not answer and was killed from outside")
+            log.error("step %s, attempt %s: %s", d.name, beat.info.get("attempt", "?"), error)
+            dump = self.backend.stop_hung(handle, beat)  # type: ignore[attr-defined]
+            where_dump = self._write_dump(beat, error, dump)
+            if where_dump:
+                error += f"; its state is in {where_dump}"
+            self._hung[handle] = (error, dump, beat)
+
+    def _write_dump(self, beat: Beat, error: str, dump: str) -> str | None:
+        output, attempt = beat.info.get("output"), beat.info.get("attempt", 0)
+        if not output:
+            return None
+        url = f"{output.rstrip('/')}/logs/hang-outside-attempt{attempt}.txt"  # a declared log of trainers
+        try:
+            import fsspec
+
+            with fsspec.open(url, "w") as f:
+                f.write(f"{error}\n\n{dump}")
+        except Exception as e:  # noqa: BLE001 - the dump goes to the executor's log then
+            log.error("could not write %s (%s); the dump follows\n%s", url, e, dump)
+            return None
+        return url
+
+    def _hung_result(self, d: Decision, task: TaskSpec, handle: Any, result: TaskResult) -> TaskResult:
+        """The result of an attempt this runner killed for a stopped heartbeat: a `hang`, its
+        record and `.status` saying so (its worker is dead: nothing else writes them now)."""
+        error, dump, beat = self._hung.pop(handle)
+        if result.ok or result.lease_lost or result.blocked:  # it finished after all, before the kill
+            return result
+        number = int(beat.info.get("attempt", result.attempt or 0))
+        try:
+            fail_from_outside(task, number, error, HANG, dump)
+        except Exception as e:  # noqa: BLE001 - the next attempt closes it as interrupted then
+            log.warning("step %s: recording the hang of attempt %d failed: %s", d.name, number, e)
+        return TaskResult(d.name, False, error=error, attempt=number, started=result.started or time.time(),
+                          ended=time.time(), failure=HANG)
 
     # -- one step ------------------------------------------------------------------------------
     def _start(self, d: Decision, summary: RunSummary, heartbeat: Heartbeat, tries: dict[str, int]) -> Any:

@@ -274,7 +274,7 @@ def test_a_rerun_whose_attempts_fail_is_failed_never_the_old_output(tmp_path):
     import io
 
     from executor.failures import Budget
-    from executor.report import print_summary
+    from executor.views.report import print_summary
 
     control = tmp_path / "control"
     control.write_text("good")
