@@ -217,6 +217,20 @@ def _dump_on_node(node: str | None, pid: int) -> str:
 
 
 DUMP_TIMEOUT = 60.0  # seconds the outside dump of a hung worker may take
+_BOARDS: dict[str, Any] = {}  # Ray session -> its board: one actor for every run of this process
+
+
+def _board() -> Any:
+    """The heartbeat board of this process's Ray session (started once; the runs' keys never
+    collide: they carry the run id)."""
+    try:  # unique per start of a cluster (a job id is not: a new local Ray counts from 1 again)
+        session = ray._private.worker.global_worker.node.session_name + "/" + ray.get_runtime_context().get_job_id()
+    except Exception:  # noqa: BLE001 - unknown: a board of its own
+        return ray.remote(_Board).options(num_cpus=0, max_restarts=-1).remote()
+    if session not in _BOARDS:
+        _BOARDS.clear()
+        _BOARDS[session] = ray.remote(_Board).options(num_cpus=0, max_restarts=-1).remote()
+    return _BOARDS[session]
 
 
 def _task_options(res: Resources) -> dict[str, Any]:
@@ -244,7 +258,7 @@ class RayBackend:
         # workers of the cluster's size still fit); Ray Train places the workers.
         opts = _task_options(Resources(cpus=0) if res.workers > 1 else res)
         if self._watch and self._board is None:
-            self._board = ray.remote(_Board).options(num_cpus=0, max_restarts=-1).remote()
+            self._board = _board()
         key = f"{task.run_id}/{task.name}/{task.token}/{attempt}"
         ref = self._remote.options(**opts, max_retries=task.max_node_failures, retry_exceptions=False,
                                    name=f"step:{task.name}").remote(task, self._board, key)
