@@ -560,11 +560,10 @@ def test_a_training_output_with_wandb_links_goes_and_a_grace_keeps_what_was_just
     assert len(folders(prefix, "gc/wandb")) == 1
     # a link that is not W&B's, out of the prefix, still refuses its folder
     new = dirnames(str(path), lr=0.2)["gc/wandb"]
-    run(str(path), prefix, lr=0.3)
     os.symlink(target, os.path.join(prefix, new, "stolen.log"))
     code, out, err = gc(capsys, str(path), prefix, "--lr", "0.3", "--yes")
-    assert "stolen.log" in out and "a symlink that leaves the prefix" in out
-    assert os.path.isdir(os.path.join(prefix, new))
+    assert f"{new}/stolen.log -> {target}: a symlink that leaves the prefix" in out, out
+    assert os.path.isdir(os.path.join(prefix, new)) and os.path.exists(target)
 
 
 @pytest.mark.parametrize("args, words", [

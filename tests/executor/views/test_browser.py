@@ -306,7 +306,7 @@ def test_the_page_after_a_rewind_and_failed_attempts(browser, tmp_path):
     from executor import RetryPolicy, Step
     from executor.failures import Budget
     from executor.runner import Runner
-    from kits.vizkit import InlineBackend
+    from executor.testing import InlineBackend
 
     prefix, marker = str(tmp_path / "p"), tmp_path / "marker"
     marker.mkdir()
