@@ -108,6 +108,8 @@ def test_a_stopped_training_worker_is_killed_from_outside_and_the_run_ends_bitwi
     outside = (PAUSED_FACTOR if saving else 1) * bound + grace + SLACK_S
     assert f"outside bound {outside:.0f}s" in first.error
     assert outside < second.started - stopped_at < outside + WATCH_EVERY + 60, (second.started - stopped_at, outside)
+    print(f"stopped at step >= 7; killed {first.ended - stopped_at:.1f}s after the SIGSTOP (outside bound "
+          f"{outside:.0f}s); attempt 2 started {second.started - stopped_at:.1f}s after it")
     # bitwise equal to a clean run of the same config
     clean = run_step(pretrain, cfg, tmp_path / "clean", name="clean")
     (s1, w1), (s2, w2) = _weights(clean.output), _weights(out)
