@@ -223,13 +223,18 @@ _BOARDS: dict[str, Any] = {}  # Ray session -> its board: one actor for every ru
 def _board() -> Any:
     """The heartbeat board of this process's Ray session (started once; the runs' keys never
     collide: they carry the run id)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # beside the driver (which goes down with it anyway), never on a worker node that may be lost
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    start = lambda: ray.remote(_Board).options(num_cpus=0, max_restarts=-1, scheduling_strategy=here).remote()  # noqa: E731
     try:  # unique per start of a cluster (a job id is not: a new local Ray counts from 1 again)
         session = ray._private.worker.global_worker.node.session_name + "/" + ray.get_runtime_context().get_job_id()
     except Exception:  # noqa: BLE001 - unknown: a board of its own
-        return ray.remote(_Board).options(num_cpus=0, max_restarts=-1).remote()
+        return start()
     if session not in _BOARDS:
         _BOARDS.clear()
-        _BOARDS[session] = ray.remote(_Board).options(num_cpus=0, max_restarts=-1).remote()
+        _BOARDS[session] = start()
     return _BOARDS[session]
 
 
