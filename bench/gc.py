@@ -95,7 +95,7 @@ def measure(store: Store, steps_fn, n: int, data_bytes: int, local_root: str | N
     listing = (time.perf_counter() - t, time.process_time() - cpu)
     assert len(listed) == len(files), (len(listed), len(files))
     t, cpu = time.perf_counter(), time.process_time()
-    report = gc.collect(store, gc.reached_of(dags))
+    report = gc.collect(store, gc.reached_of(dags), grace=0)
     collect = (time.perf_counter() - t, time.process_time() - cpu)
     kinds = {k: sum(1 for i in report.items if i.kind == k) for k in (gc.OLD, gc.ABANDONED)}
     assert kinds == {gc.OLD: n, gc.ABANDONED: n} and len(report.items) == 2 * n, kinds
@@ -127,7 +127,7 @@ def measure(store: Store, steps_fn, n: int, data_bytes: int, local_root: str | N
         assert not outcome.skipped and outcome.bytes == sum(i.bytes for i in items), outcome.describe()
         print(f"  --yes, {workers:>2} output(s) at a time: {len(items):,} items in {sweep_s:.1f} s "
               f"({sweep_s / len(items) * 1e3:.1f} ms an item, each output under its lease)")
-    again = gc.collect(store, gc.reached_of(dags))
+    again = gc.collect(store, gc.reached_of(dags), grace=0)
     assert not again.items and len(again.outputs) == n
     print("  a second --gc finds nothing")
 

@@ -56,6 +56,7 @@ class Options:
     path: tuple[str, ...] = ()
     diff: str | None = None
     format: str = "text"
+    gc_grace: float = 300.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -163,6 +164,9 @@ def _add_gc_flags(p: argparse.ArgumentParser) -> None:
                    help="list what under the prefix no named voyage reaches (old versions, abandoned attempts, "
                         "temporaries), bytes per step; several voyages: A.py [overrides] B.py [overrides] --gc")
     p.add_argument("--yes", action="store_true", help="with --gc: delete what it lists")
+    p.add_argument("--gc-grace", type=_grace, default=None, metavar="SECONDS",
+                   help="with --gc: keep whole every output whose .status was written less than SECONDS ago "
+                        "(default MARIN_GC_GRACE or 300; 0: none)")
 
 
 def _seconds(text: str) -> float:
@@ -219,6 +223,17 @@ def check_prefix(prefix: str, where: str) -> None:
         raise VoyageError(f"{where}: {prefix!r} needs {package}, which is not installed") from None
 
 
+def _grace(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -245,6 +260,15 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
         except argparse.ArgumentTypeError as e:
             raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
     prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
+    gc_grace = ns.gc_grace
+    if gc_grace is None:
+        env = os.environ.get("MARIN_GC_GRACE")
+        try:
+            gc_grace = _grace(env) if env is not None else 300.0
+        except argparse.ArgumentTypeError as e:
+            raise VoyageError(f"environment variable MARIN_GC_GRACE: {e}") from None
+    if ns.gc_grace is not None and not ns.gc:
+        raise VoyageError("--gc-grace only applies to --gc")
     if ns.json and not (ns.which_saw or ns.log):
         raise VoyageError("--json: only with --which-saw or --log (the answer it prints as JSON)")
     _check_logbook_flags(ns)
@@ -258,7 +282,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
                    downstream=ns.downstream, only=tuple(ns.only), prefix=prefix, ray_address=ns.ray_address,
                    max_concurrent=ns.max_concurrent, lease_ttl=lease_ttl, live_page=ns.live_page,
                    verbose=ns.verbose, overrides=rest, gc=ns.gc, yes=ns.yes, note=ns.note, log=ns.log,
-                   path=tuple(ns.path or ()), diff=ns.diff, format=ns.format)
+                   path=tuple(ns.path or ()), diff=ns.diff, format=ns.format, gc_grace=gc_grace)
     if ns.yes and not ns.gc:
         raise VoyageError("--yes only confirms --gc's deletions; without --gc it means nothing")
     if ns.gc:
@@ -435,7 +459,8 @@ def _gc(opts: Options) -> int:
         dags.append(build_dag(voyage_mod.build_steps(vf, config)))
         pins += gc.voyage_pins(vf, config)
     store = Store(opts.prefix)
-    report = gc.collect(store, gc.reached_of(dags), gc.read_pins_file(store) + pins, ttl=opts.lease_ttl)
+    report = gc.collect(store, gc.reached_of(dags), gc.read_pins_file(store) + pins, ttl=opts.lease_ttl,
+                        grace=opts.gc_grace)
     print(f"--gc of {store.prefix}: {len(dags)} voyage{'s' if len(dags) > 1 else ''} "
           f"({'; '.join(named)}), {sum(len(d) for d in dags):,} steps reached")
     print(report.table())

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any, Callable, Sequence
 
 import ray
 
 from executor.context import local_map
 from executor.errors import VoyageError
+from executor.heartbeat import Beat, outside_dump
 from executor.step import Resources
 from executor.worker import TaskResult, TaskSpec, execute
 
@@ -176,10 +178,64 @@ def ray_map(fn: Callable[[Any], Any], items: Sequence[Any], resources: Resources
     return ray.get([remote.remote(item) for item in items])
 
 
-def _run_step(task: TaskSpec) -> TaskResult:
+def _run_step(task: TaskSpec, board: Any = None, key: str = "") -> TaskResult:
     node = ray.get_runtime_context().get_node_id()
     mapper = ray_map if ray.is_initialized() else local_map
-    return execute(task, mapper=mapper, node=node)
+    beats = (lambda beat: board.beat.remote(key, beat)) if board is not None else None
+    return execute(task, mapper=mapper, node=node, beats=beats)
+
+
+class _Board:
+    """The newest heartbeat of each running attempt (executor.heartbeat), stamped with this
+    actor's clock when it arrives (the workers' clocks are never compared with the driver's)."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def beat(self, key: str, data: dict[str, Any]) -> None:
+        self.beats[key] = (time.monotonic(), data)
+
+    def read(self, keys: list[str]) -> dict[str, tuple[float, dict[str, Any]]]:
+        now = time.monotonic()
+        return {k: (now - self.beats[k][0], self.beats[k][1]) for k in keys if k in self.beats}
+
+    def forget(self, key: str) -> None:
+        self.beats.pop(key, None)
+
+
+def _dump_on_node(node: str | None, pid: int) -> str:
+    """`outside_dump(pid)` run on the worker's node (a task pinned there, on no CPU)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    opts: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
+    if node:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    try:
+        return ray.get(ray.remote(outside_dump).options(**opts).remote(pid), timeout=DUMP_TIMEOUT)
+    except Exception as e:  # noqa: BLE001 - the node may be the thing that is wrong
+        return f"no dump from node {node}: {type(e).__name__}: {_first_line(e)}\n"
+
+
+DUMP_TIMEOUT = 60.0  # seconds the outside dump of a hung worker may take
+_BOARDS: dict[str, Any] = {}  # Ray session -> its board: one actor for every run of this process
+
+
+def _board() -> Any:
+    """The heartbeat board of this process's Ray session (started once; the runs' keys never
+    collide: they carry the run id)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # beside the driver (which goes down with it anyway), never on a worker node that may be lost
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    start = lambda: ray.remote(_Board).options(num_cpus=0, max_restarts=-1, scheduling_strategy=here).remote()  # noqa: E731
+    try:  # unique per start of a cluster (a job id is not: a new local Ray counts from 1 again)
+        session = ray._private.worker.global_worker.node.session_name + "/" + ray.get_runtime_context().get_job_id()
+    except Exception:  # noqa: BLE001 - unknown: a board of its own
+        return start()
+    if session not in _BOARDS:
+        _BOARDS.clear()
+        _BOARDS[session] = start()
+    return _BOARDS[session]
 
 
 def _task_options(res: Resources) -> dict[str, Any]:
@@ -195,16 +251,48 @@ def _task_options(res: Resources) -> dict[str, Any]:
 class RayBackend:
     """Submits step tasks to Ray and waits for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: bool = True) -> None:
         self._remote = ray.remote(_run_step)
+        self._watch = watch  # the heartbeats of attempts (executor.heartbeat), on a board actor
+        self._board: Any = None
+        self._keys: dict[Any, str] = {}
 
     def submit(self, task: TaskSpec, attempt: int) -> Any:
         res = task.resources
         # A multi-worker step's own task only coordinates, on no CPU of its own (so that N
         # workers of the cluster's size still fit); Ray Train places the workers.
         opts = _task_options(Resources(cpus=0) if res.workers > 1 else res)
-        return self._remote.options(**opts, max_retries=task.max_node_failures, retry_exceptions=False,
-                                    name=f"step:{task.name}").remote(task)
+        if self._watch and self._board is None:
+            self._board = _board()
+        key = f"{task.run_id}/{task.name}/{task.token}/{attempt}"
+        ref = self._remote.options(**opts, max_retries=task.max_node_failures, retry_exceptions=False,
+                                   name=f"step:{task.name}").remote(task, self._board, key)
+        self._keys[ref] = key
+        return ref
+
+    def heartbeats(self, handles: list[Any]) -> dict[Any, Beat]:
+        """The newest heartbeat of each running attempt that has sent one."""
+        keys = {self._keys[h]: h for h in handles if h in self._keys}
+        if self._board is None or not keys:
+            return {}
+        try:
+            found = ray.get(self._board.read.remote(list(keys)), timeout=10)
+        except Exception as e:  # noqa: BLE001 - no heartbeats this time: nothing is judged on them
+            log.warning("reading the heartbeats failed: %s", _first_line(e))
+            return {}
+        return {keys[k]: Beat.from_dict(data, age) for k, (age, data) in found.items()}
+
+    def stop_hung(self, handle: Any, beat: Beat) -> str:
+        """Dump what can be seen of a hung attempt's worker from outside, then kill it through
+        Ray (a stopped process included: Ray's forced cancel ends the worker process); returns
+        the dump. Its result comes back through `wait` (a cancelled task)."""
+        dump = _dump_on_node(beat.info.get("node"), int(beat.info.get("pid", 0))) if beat.info.get("pid") else \
+            "no pid in the heartbeat: nothing dumped\n"
+        try:
+            ray.cancel(handle, force=True)
+        except Exception as e:  # noqa: BLE001 - already finished or gone
+            log.warning("cancelling a hung step's task failed: %s", _first_line(e))
+        return dump
 
     def wait(self, handles: list[Any], timeout: float) -> list[tuple[Any, TaskResult]]:
         ready, _ = ray.wait(handles, num_returns=1, timeout=timeout)
@@ -212,10 +300,13 @@ class RayBackend:
             ready, _ = ray.wait(handles, num_returns=len(handles), timeout=0)
         out = []
         for ref in ready:
+            key = self._keys.pop(ref, None)
+            if key is not None and self._board is not None:
+                self._board.forget.remote(key)
             try:
                 out.append((ref, ray.get(ref)))
             except Exception as e:  # the worker or node died more often than the policy allows
-                out.append((ref, TaskResult(name="?", ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}")))
+                out.append((ref, TaskResult(name="?", ok=False, error=f"{type(e).__name__}: {_first_line(e)}")))
         return out
 
 

@@ -8,6 +8,11 @@ dependents only and every independent step still finishes. Before a step is sent
 runner takes its lease, then reads its status again (another executor may have finished it), and
 keeps the lease alive from one heartbeat thread until the step returns.
 
+"Done meanwhile" is a commit made by someone else: never the commit the plan saw (the plan chose
+to run the step all the same) nor one an attempt of this run superseded. A retry of a failed
+attempt finds the old output still served; it runs, and a --rerun whose attempts all fail ends
+FAILED with the class of its last failure (the old output stays served), never CACHED.
+
 The backend (`executor.ray_backend.RayBackend` in practice) only submits tasks and waits for
 them; it is handed to the runner, which knows nothing of Ray.
 """
@@ -19,14 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from executor.failures import classify_text, should_retry
+from executor.failures import HANG, classify_text, should_retry
+from executor.heartbeat import Beat, outside_bound, overdue
 from executor.identity import SCHEME, normalized, plain
 from executor.storage.lease import Heartbeat, LeaseInfo, Leases
 from executor.plan import Decision, Plan, recorded_input
 from executor.refs import detach
 from executor.state import Gate, StepState, blocked_reason, check_transition, gate, initial
 from executor.storage.store import InputInfo
-from executor.worker import TaskResult, TaskSpec
+from executor.worker import TaskResult, TaskSpec, fail_from_outside
 
 log = logging.getLogger("marin.runner")
 
@@ -38,6 +44,11 @@ PENDING, WAITING, RUNNING, SUCCEEDED, FAILED, BLOCKED, CACHED, SUCCESS = (
 class Backend(Protocol):
     def submit(self, task: TaskSpec, attempt: int) -> Any: ...
     def wait(self, handles: list[Any], timeout: float) -> list[tuple[Any, TaskResult]]: ...
+    # optional, for the watchdog outside the worker (executor.heartbeat):
+    # heartbeats(handles) -> {handle: Beat}; stop_hung(handle, beat) -> the dump, and kills it
+
+
+WATCH_EVERY = 1.0  # seconds between looks at the running attempts' heartbeats
 
 
 @dataclass
@@ -85,6 +96,11 @@ class _Waiting:
     holder: LeaseInfo | None
 
 
+def _commit_id(status: Any) -> tuple:
+    """What tells one commit of an output folder from another."""
+    return (status.attempt, status.token, status.dir, status.output_digest)
+
+
 class Runner:
     """Runs the steps a plan marks `will_run`, dependencies first, at most `max_concurrent` at once."""
 
@@ -100,6 +116,17 @@ class Runner:
         self.on_change = on_change or (lambda outcome: None)
         self.outputs: dict[str, str | None] = {
             d.name: d.status.output_digest for d in plan.decisions if d.has_output}
+        # Per step, the commits this run must never take as "done meanwhile": the one the plan saw
+        # (it decided to run the step all the same) and the one each of its attempts superseded.
+        # A retry of a failed attempt finds the old output still served (`committed`); taking it
+        # would turn a failed --rerun into CACHED, exit 0.
+        self._superseded: dict[str, set[tuple]] = {}
+        self._hung: dict[Any, tuple[str, str, Beat]] = {}  # killed from outside: (error, dump, last beat)
+        self._watched = 0.0
+        for d in plan.decisions:
+            served = d.status.served() if d.status is not None else None
+            if served is not None:
+                self._superseded.setdefault(d.name, set()).add(_commit_id(served))
 
     def run(self) -> RunSummary:
         t0 = time.time()
@@ -141,8 +168,11 @@ class Runner:
                     if pending:
                         time.sleep(self.poll)
                     continue
+                self._watch(inflight)
                 for handle, result in self.backend.wait(list(inflight), timeout=self.poll):
                     d, task, attempt = inflight.pop(handle)
+                    if handle in self._hung:  # recorded while the lease is still ours
+                        result = self._hung_result(d, task, handle, result)
                     heartbeat.drop(d.node.dirname)
                     if result.blocked:  # an input had no output when the worker looked: nothing written
                         self._set(summary, d.name, BLOCKED, reason=result.error or "an input has no output",
@@ -173,6 +203,59 @@ class Runner:
         summary.seconds = time.time() - t0
         return summary
 
+    # -- the watchdog outside the worker --------------------------------------------------------
+    def _watch(self, inflight: dict[Any, tuple[Decision, TaskSpec, int]]) -> None:
+        """Kill the attempts whose heartbeat stopped past its outside bound (executor.heartbeat):
+        a worker frozen where its own watchdog cannot fire."""
+        heartbeats = getattr(self.backend, "heartbeats", None)
+        if heartbeats is None or not inflight or time.monotonic() - self._watched < WATCH_EVERY:
+            return
+        self._watched = time.monotonic()
+        for handle, beat in heartbeats([h for h in inflight if h not in self._hung]).items():
+            if not overdue(beat):
+                continue
+            d, task, _ = inflight[handle]
+            where = f"pid {beat.info.get('pid', '?')}" + (f" on node {str(beat.info['node'])[:12]}"
+                                                         if beat.info.get("node") else "")
+            error = (f"Hang: no heartbeat for {beat.age:.0f}s (outside bound {outside_bound(beat):.0f}s; "
+                     f"{beat.count} optimizer steps done{', saving a checkpoint' if beat.paused else ''}): "
+                     f"the worker ({where}) did not answer and was killed from outside")
+            log.error("step %s, attempt %s: %s", d.name, beat.info.get("attempt", "?"), error)
+            dump = self.backend.stop_hung(handle, beat)  # type: ignore[attr-defined]
+            where_dump = self._write_dump(beat, error, dump)
+            if where_dump:
+                error += f"; its state is in {where_dump}"
+            self._hung[handle] = (error, dump, beat)
+
+    def _write_dump(self, beat: Beat, error: str, dump: str) -> str | None:
+        output, attempt = beat.info.get("output"), beat.info.get("attempt", 0)
+        if not output:
+            return None
+        url = f"{output.rstrip('/')}/logs/hang-outside-attempt{attempt}.txt"  # a declared log of trainers
+        try:
+            import fsspec
+
+            with fsspec.open(url, "w") as f:
+                f.write(f"{error}\n\n{dump}")
+        except Exception as e:  # noqa: BLE001 - the dump goes to the executor's log then
+            log.error("could not write %s (%s); the dump follows\n%s", url, e, dump)
+            return None
+        return url
+
+    def _hung_result(self, d: Decision, task: TaskSpec, handle: Any, result: TaskResult) -> TaskResult:
+        """The result of an attempt this runner killed for a stopped heartbeat: a `hang`, its
+        record and `.status` saying so (its worker is dead: nothing else writes them now)."""
+        error, dump, beat = self._hung.pop(handle)
+        if result.ok or result.lease_lost or result.blocked:  # it finished after all, before the kill
+            return result
+        number = int(beat.info.get("attempt", result.attempt or 0))
+        try:
+            fail_from_outside(task, number, error, HANG, dump)
+        except Exception as e:  # noqa: BLE001 - the next attempt closes it as interrupted then
+            log.warning("step %s: recording the hang of attempt %d failed: %s", d.name, number, e)
+        return TaskResult(d.name, False, error=error, attempt=number, started=result.started or time.time(),
+                          ended=time.time(), failure=HANG)
+
     # -- one step ------------------------------------------------------------------------------
     def _start(self, d: Decision, summary: RunSummary, heartbeat: Heartbeat, tries: dict[str, int]) -> Any:
         node = d.node
@@ -194,6 +277,10 @@ class Runner:
             return None
         if summary.outcomes[d.name].state == WAITING:
             log.info("%s: took over the lease (token %d) to run it", d.name, lease.token)
+        if forced:  # what this attempt supersedes, if another executor committed since the plan
+            now = self.store.read_status(node.dirname)
+            if now is not None and now.served() is not None:
+                self._superseded.setdefault(d.name, set()).add(_commit_id(now.served()))
         heartbeat.hold(node.dirname, lease)
         tries[d.name] = tries.get(d.name, 0) + 1
         # A forced rerun (or an output made without its inputs) starts clean once; the retries
@@ -219,6 +306,9 @@ class Runner:
         status = status.served() if status is not None else None
         if status is None:
             return False
+        cutoff = d.state != StepState.RERUN and (d.conditional_on or d.state == StepState.STALE)
+        if not cutoff and _commit_id(status) in self._superseded.get(d.name, ()):
+            return False  # the output this run set out to replace (or the plan saw): not done meanwhile
         for dep in d.node.deps:
             _, then = recorded_input(status, dep)
             now = self.outputs.get(dep.name)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.storage import attempts as layout
-from executor import environment
+from executor import environment, heartbeat
 from executor.context import LeaseRef, Mapper, StepContext, local_map
 from executor import fingerprint, loaded_code
 from executor.failures import StepFailure, classify
@@ -92,8 +92,10 @@ class TaskResult:
     failure: str | None = None  # the failure class (executor.failures) when not ok
 
 
-def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None) -> TaskResult:
-    """Run one attempt of a step, from its inputs to its commit; never raises for a user error."""
+def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None,
+            beats: heartbeat.Sink | None = None) -> TaskResult:
+    """Run one attempt of a step, from its inputs to its commit; never raises for a user error.
+    `beats`: where the step's heartbeat goes (executor.heartbeat), if the executor watches it."""
     store = Store(task.prefix, **task.storage_options)
     leases = Leases(store, ttl=task.lease_ttl)
     started = time.time()
@@ -162,7 +164,8 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None)
     try:
         config = resolve(task.config, dirs.__getitem__, store.url(folder))
         _check_loaded_code(task)
-        with resolved:
+        with resolved, heartbeat.sending_to(beats, name=task.name, output=store.url(folder), attempt=number,
+                                            node=node):
             task.step_type.fn(config, ctx)
         manifest = store.manifest(folder, is_log=task.step_type.is_log)  # its failure is the step's
         digest_out = output_digest(manifest)
@@ -239,6 +242,29 @@ def _check_loaded_code(task: TaskSpec) -> None:
         why = loaded_code.mismatch(task.code_parts)
         if why:
             raise CodeMismatch(f"{task.name}: {why}")
+
+
+def fail_from_outside(task: TaskSpec, number: int, error: str, failure: str, detail: str = "") -> bool:
+    """Record that attempt `number` of `task` was ended from outside its process (the executor
+    killed a worker whose heartbeat stopped): its record says FAILED with `error` and `failure`,
+    and `.status` FAILED (the committed output it carries stays served). Only while the lease
+    carries the task's token and `.status` still names that attempt as RUNNING; True if written.
+    Called after the worker is dead, so nothing of the attempt writes at the same time."""
+    store = Store(task.prefix, **task.storage_options)
+    leases = Leases(store, ttl=task.lease_ttl)
+    with leases.fence(task.dirname, task.token) as ours:
+        status = store.read_status(task.dirname) if ours else None
+        if status is None or status.state != RUNNING or status.attempt != number or status.token != task.token:
+            return False
+        record = store.read_record(task.dirname, status, latest=True)
+        if record is not None:
+            for a in record.attempts:
+                if a.number == number and a.state == RUNNING:
+                    a.state, a.ended, a.error, a.failure = FAILED, time.time(), error, failure
+                    a.traceback = detail or None
+            record.state = FAILED
+            store.write_record(status.data_dir(task.dirname), record)
+        return store.swap_status(task.dirname, status, status.model_copy(update={"state": FAILED}))
 
 
 class InputChanged(RuntimeError):

@@ -18,7 +18,11 @@ size; the output folders are the folders named `{name}-{digest[:10]}` that hold 
 Never touched, whatever the above says: an output with a live lease (a run in progress) and every
 output its records say it reads; a pinned output and, through the records, every output it was
 made from, transitively; an output folder holding a symlink that leaves the prefix (refused and
-listed). Pins name output folders (`name-0123456789`) or step names (every version of it), in
+listed), except W&B's own log link (`wandb/<run>/logs/debug-core.log` -> W&B's `core-debug-*.log`
+in its cache: deleting the folder removes the link, never its target); an output whose `.status`
+was written less than `grace` seconds ago (default `GRACE_S`: a reader that resolved the attempt
+it replaced moments ago may still be reading it, and a run that just finished may be one that no
+named voyage knows). Pins name output folders (`name-0123456789`) or step names (every version of it), in
 `{prefix}/pins.txt` (one a line, `#` comments) or returned by the voyage's `pins(config)`.
 Outside output folders only stray temporaries go (`.tmp-*`, `.marin-probe-*`) older than an hour;
 everything else there (voyage pages, the pins file) is left alone.
@@ -44,6 +48,10 @@ from executor.storage.store import LEASE, RECORD, STATUS, SUCCESS, Status, Store
 
 PINS_FILE = "pins.txt"
 TEMP_GRACE = 3600.0  # a temporary outside any output younger than this may be a write in flight
+GRACE_S = 300.0  # an output whose .status is younger than this is kept whole (--gc-grace)
+# W&B's link from a run's logs to its core service's log in W&B's cache, outside the prefix
+_WANDB_LINK = re.compile(r"(^|/)wandb/[^/]+/logs/debug-core\.log$")
+_WANDB_TARGET = re.compile(r"(^|/)core-debug-[^/]*\.log$")
 _OUTPUT = re.compile(r"^(?P<name>.+)-[0-9a-f]{10}$")  # `{name}-{digest[:10]}` (executor.dag.Node.dirname)
 _STRAY = (TEMP_PREFIX, ".marin-probe-")  # executor.storage.files temporaries; Store.check_writable's probes
 
@@ -343,12 +351,19 @@ def _resolve_pins(pins: list[Pin], outputs: dict[str, Output]) -> dict[str, str]
 
 # -- deciding ---------------------------------------------------------------------------------------------
 
+def wandb_link(rel: str, entry: Entry) -> bool:
+    """Whether a symlink of an output is W&B's own link to its core service's log (it points
+    out of the prefix, into W&B's cache): removing it removes the link only."""
+    return entry.link is not None and bool(_WANDB_LINK.search(rel)) and bool(_WANDB_TARGET.search(entry.link))
+
+
 def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: float = 60.0,
-            now: float | None = None) -> Report:
+            now: float | None = None, grace: float = GRACE_S) -> Report:
     """What under the prefix `reached` (dirname -> whether its step type is resumable, every node
     of the named voyages' DAGs) does not reach, and what is kept and why. Reads only: one listing,
     the `.status` and `.lease` of each output folder (batched), the records of the pinned and busy
-    outputs. `ttl`: an unreadable lease file counts as live until one ttl after it was written."""
+    outputs. `ttl`: an unreadable lease file counts as live until one ttl after it was written.
+    `grace`: an output whose `.status` was written less than this many seconds ago is kept whole."""
     started = time.perf_counter()
     now = time.time() if now is None else now
     files, refused = list_prefix(store)
@@ -369,9 +384,13 @@ def collect(store: Store, reached: dict[str, bool], pins: list[Pin] = (), ttl: f
     holders = {k.rsplit("/", n)[0] for k in (*reached, *pinned, *busy) for n in range(1, k.count("/") + 1)}
     for d in names:
         out = outputs[d]
-        escaping = [f"{store.url(d)}/{rel} -> {e.link}" for rel, e in out.files.items() if e.escapes]
+        escaping = [f"{store.url(d)}/{rel} -> {e.link}" for rel, e in out.files.items()
+                    if e.escapes and not wandb_link(rel, e)]
+        committed = out.files.get(STATUS)
+        recent = committed is not None and now - committed.mtime < grace
         why = ("pinned" if d in pinned else "in use (a live lease, or read by one)" if d in busy else
-               "refused (a symlink leaves the prefix)" if escaping else "")
+               "refused (a symlink leaves the prefix)" if escaping else
+               f"committed less than {grace:g}s ago (--gc-grace)" if recent else "")
         if not why and d not in reached and d in holders:
             why = "holds a kept output"
         if why:

@@ -61,6 +61,8 @@ class LivePage:
         self.rows: list[list[Any]] = [[initial(d.state, d.will_run), 0, None, None, d.reason]
                                       for d in plan.decisions]
         self._tries = [0] * len(self.rows)
+        # every attempt of this run that failed, in order: [step index, attempt, class, error]
+        self.failed_attempts: list[list[Any]] = []
         self._running: set[int] = set()
         self._changed: set[int] = {i for i, d in enumerate(plan.decisions)  # finished trainers' curves
                                    if d.node.step.type.resumable and d.status is not None and d.status.state == SUCCESS}
@@ -114,6 +116,13 @@ class LivePage:
                 text = f"({outcome.failure}) {text}"
             self.rows[i] = [outcome.state, max(outcome.attempts, self._tries[i]), outcome.started, outcome.ended,
                             text]
+            # A failed attempt: retried (PENDING, with its class) or the last (FAILED). Every one is
+            # listed with its class, on the step's node and in the run's list.
+            if outcome.failure and outcome.state in (StepState.PENDING, StepState.FAILED):
+                attempt = max(self._tries[i], 1)
+                if not any(f[0] == i and f[1] == attempt for f in self.failed_attempts[-200:]):
+                    why = outcome.error or outcome.reason or ""
+                    self.failed_attempts.append([i, attempt, outcome.failure, why[:500]])
             self._changed.add(i)
             self._dirty = True
         self._wake.set()
@@ -261,6 +270,7 @@ class LivePage:
         """The run part of the page: a row per step and the curves read so far."""
         with self._lock:
             rows = [list(r) for r in self.rows]
+            failed = [list(f) for f in self.failed_attempts]
         curves = {}
         for i, dirname in enumerate(self._dirnames):
             c = self.metrics.to_json(dirname) if dirname in self.metrics.curves else None
@@ -269,7 +279,7 @@ class LivePage:
         return {"started": self.started, "updated": time.time(), "finished": self.finished, "poll": self.poll_every,
                 "steps": rows,
                 "metrics": curves, "records": {str(i): r for i, r in self._records.items()}, "cards": self.cards(),
-                "ladder": self.ladder_json()}
+                "ladder": self.ladder_json(), "failed_attempts": failed}
 
     def cards(self) -> dict[str, str]:
         """Step name -> link (relative to the page) of each model card a step of the plan has

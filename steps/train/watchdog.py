@@ -17,6 +17,10 @@ The bound: `timeout_s` when set; else `factor` x the larger of `expected_step_s`
 step time at full scale, set by the voyage) and the median of this attempt's own step times,
 and never under `min_s`. The first step of an attempt (lazy start-up, compilation) gets at least
 `first_step_s`. Checkpoint saves pause the clock (`paused()`).
+
+Each beat, pause and the end are also published (executor.heartbeat) to the executor, which
+watches them from outside the process: a worker the kernel stopped, whose watchdog cannot fire,
+is dumped and killed there once `bound() + grace_s` (plus a slack) passes without a beat.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Iterator
 import fsspec
 
 from executor import Hang, VoyageError
+from executor import heartbeat
 
 EXIT_HANG = 75
 log = logging.getLogger("marin.watchdog")
@@ -93,16 +98,24 @@ class Watchdog:
         if self.beats:
             self.times.append(now - self.last)
         self.last, self.beats = now, self.beats + 1
+        self._publish()
+
+    def _publish(self, stopped: bool = False) -> None:
+        if self.cfg.enabled:
+            heartbeat.publish(self.beats, self.bound(), grace=self.cfg.grace_s, paused=self._pause > 0,
+                              stopped=stopped)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """No bound while inside (a checkpoint save has its own pace); the clock restarts after."""
         self._pause += 1
+        self._publish()
         try:
             yield
         finally:
             self._pause -= 1
             self.last = time.monotonic()
+            self._publish()
 
     def __enter__(self) -> "Watchdog":
         if not self.cfg.enabled:
@@ -111,11 +124,13 @@ class Watchdog:
         if threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(signal.SIGUSR2, self._raise_hang)
         self.last = time.monotonic()
+        self._publish()
         self._thread = threading.Thread(target=self._watch, name="marin-watchdog", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._publish(stopped=True)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -249,3 +249,82 @@ def test_a_step_leased_by_a_live_executor_waits(tmp_path):
     store.write_status(d, __import__("executor.storage.store", fromlist=["Status"]).Status(state="RUNNING", digest=plan.dag["lone"].digest))
     plan = plan_steps(voyage(), str(tmp_path))
     assert plan["lone"].state == "WAITING" and "otherhost pid 4242" in plan["lone"].reason
+
+
+@dataclass(frozen=True)
+class Switch:
+    control: str  # a file: "hang" makes the step raise Hang, else it writes the file's text
+    value: str = run_only(default="")
+
+
+@step_type(version="1", name="runner_switch")
+def switch(config: Switch, ctx) -> None:
+    from executor.failures import Hang
+
+    text = open(config.control).read()
+    if text == "hang":
+        raise Hang("no optimizer step within 1s (a test's own)")
+    with ctx.open("value.txt", "w") as f:
+        f.write(text)
+
+
+def test_a_rerun_whose_attempts_fail_is_failed_never_the_old_output(tmp_path):
+    """A --rerun whose attempt fails (and whose retry fails too) ends FAILED with its class, exit
+    1; the old output stays served; no retry takes the old commit as "done meanwhile"."""
+    import io
+
+    from executor.failures import Budget
+    from executor.views.report import print_summary
+
+    control = tmp_path / "control"
+    control.write_text("good")
+    prefix = str(tmp_path / "p")
+    retry = RetryPolicy(budgets={"hang": Budget(1, 0.0)})
+    steps = [Step("s", switch, Switch(str(control)), retry=retry)]
+    plan, summary = run_steps(steps, prefix)
+    assert summary.exit_code == 0
+    store = Store(prefix)
+    d = plan.dag["s"].dirname
+    good = store.read_status(d)
+    control.write_text("hang")
+    plan, summary = run_steps(steps, prefix, Selection(rerun=("s",)))
+    outcome = summary.outcomes["s"]
+    assert (outcome.state, outcome.failure, outcome.attempts, summary.exit_code) == ("FAILED", "hang", 3, 1), outcome
+    out = io.StringIO()
+    print_summary(summary, plan, out)
+    assert "FAILED 1" in out.getvalue() and "(hang) Hang: no optimizer step" in out.getvalue()
+    now = store.read_status(d)
+    assert now.state == "FAILED" and now.served().output_digest == good.output_digest  # still served
+    assert now.served().attempt == good.attempt == 1
+    assert read(store, plan, "s", "value.txt") == "good"
+    record = store.read_record(d, now, latest=True)
+    assert [a.state for a in record.attempts] == ["SUCCESS", "FAILED", "FAILED"]
+    assert [a.failure for a in record.attempts[1:]] == ["hang", "hang"]
+    # A plain plan afterwards serves the old output, and says its newest attempt failed.
+    plan = plan_steps(steps, prefix)
+    assert plan["s"].state == "CACHED" and "its newest attempt (3) failed" in plan["s"].reason
+    # Once the cause is gone, a rerun that succeeds commits a new attempt.
+    control.write_text("better")
+    plan, summary = run_steps(steps, prefix, Selection(rerun=("s",)))
+    assert summary.outcomes["s"].state == "SUCCESS" and read(store, plan, "s", "value.txt") == "better"
+
+
+def test_a_failed_rerun_takes_a_commit_another_executor_made_meanwhile(tmp_path):
+    """The other half of the rule: a commit that is neither the one the plan saw nor one this run
+    superseded is another executor's, and a retry takes it."""
+    control = tmp_path / "control"
+    control.write_text("good")
+    prefix = str(tmp_path / "p")
+    steps = [Step("s", switch, Switch(str(control)), retry=RetryPolicy(budgets={"hang": 1}))]
+    run_steps(steps, prefix)
+    control.write_text("hang")
+    plan = plan_steps(steps, prefix, Selection(rerun=("s",)))
+    # another executor commits a new output between the plan and the run's first attempt ...
+    control.write_text("theirs")
+    _, other = run_steps(steps, prefix, Selection(rerun=("s",)))
+    assert other.outcomes["s"].state == "SUCCESS"
+    control.write_text("hang")
+    summary = run_plan(plan)
+    # ... which this run's forced attempt superseded: its failure stays a failure
+    assert summary.outcomes["s"].state == "FAILED" and summary.exit_code == 1
+    assert read(Store(prefix), plan, "s", "value.txt") == "theirs"

@@ -29,6 +29,7 @@ _BODY = """<header>
 <button id="fit" title="fit the whole plan">fit</button></div>
 </header>
 <nav id="legend"></nav>
+<section id="failed" hidden></section>
 <main><div id="canvas"><div id="status"></div>
 <svg id="dag" xmlns="http://www.w3.org/2000/svg"><defs>
 <marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9"

@@ -12,6 +12,12 @@ are skipped. A trainer's rows carry more, read here too:
   the expert-load heatmap (layer x step); each list also becomes `{name}_min/_mean/_max` series.
 - `events`: spike skips and rewinds (steps/train/spikes.py), marked on the loss curve.
 - `tokens` and `loss`: the loss by tokens, so that pretrain and midtrain join into one curve.
+- a rewind (an event `{"kind": "rewind", "skipped": [a, b]}`): the weights went back to step a's
+  checkpoint and the data of steps a..b was thrown away. `rewound` lists each such stretch, by
+  step and by tokens (the tokens the trainer counted at a and at b before it went back), for the
+  page to shade; after it the tokens count again from a's, so the loss by tokens runs back.
+- rates (`tokens_per_s`, `mfu`, any `*_per_s`) are never drawn below zero: the row logged across
+  a rewind counts the tokens it went back as negative progress; that point is left out.
 
 A step may also leave `reference_curve.json` beside its metrics (`[[tokens, loss], ...]`, or
 `{"tokens": [...], "loss": [...]}`): a reference run's loss, overlaid on the page. The file is read from where the last read stopped (one ranged read per poll, so a
@@ -31,6 +37,11 @@ METRICS_FILE = "metrics.jsonl"
 MAX_POINTS = 500
 X_KEY = "step"
 NOT_DRAWN = frozenset({X_KEY, "time", "timestamp"})
+RATES = frozenset({"tokens_per_s", "mfu"})
+
+
+def _rate(key: str) -> bool:
+    return key in RATES or key.endswith("_per_s")
 
 
 class Series:
@@ -73,6 +84,7 @@ class Curves:
         self.by_tokens = Series()  # (tokens, loss)
         self.events: list[dict[str, Any]] = []
         self.reference: list[list[float]] | None = None
+        self.rewound: list[list[float]] = []  # [from step, to step, from tokens, to tokens]
 
     def feed(self, data: bytes) -> int:
         """Parse the complete lines of `data`; returns the bytes consumed (up to the last newline)."""
@@ -88,8 +100,9 @@ class Curves:
             x = row.get(X_KEY)
             x = float(x) if _number(x) else float(self.lines)
             for key, value in row.items():
-                if key not in NOT_DRAWN and _number(value):
+                if key not in NOT_DRAWN and _number(value) and not (value < 0 and _rate(key)):
                     self.series.setdefault(str(key), Series()).add(x, float(value))
+
             self._feed_training(x, row)
         return end
 
@@ -111,6 +124,18 @@ class Curves:
                     all(e.get("step") != event["step"] for e in self.events[-50:]):
                 self.events.append({"step": event["step"], "kind": str(event.get("kind", "")),
                                     **({"skipped": event["skipped"]} if "skipped" in event else {})})
+                skipped = event.get("skipped")
+                if event.get("kind") == "rewind" and isinstance(skipped, list) and len(skipped) == 2 and \
+                        all(_number(v) for v in skipped):
+                    self.rewound.append([float(skipped[0]), float(skipped[1]), self._tokens_before(skipped[0]),
+                                         self._tokens_before(skipped[1])])
+
+    def _tokens_before(self, step: float) -> float:
+        """The most tokens counted by `step` (rows of the `tokens` series at or before it): the
+        count a rewind went back from, never the one it went back to; 0 before the first row."""
+        series = self.series.get("tokens")
+        points = [*series.points, *([series.last] if series.last else [])] if series is not None else []
+        return max((t for s, t in points if s <= step), default=0.0)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"x": X_KEY, "series": {k: s.to_json() for k, s in sorted(self.series.items())
@@ -121,6 +146,8 @@ class Curves:
             out["by_tokens"] = self.by_tokens.to_json()
         if self.events:
             out["events"] = self.events[-200:]
+        if self.rewound:
+            out["rewound"] = self.rewound[-50:]
         if self.reference:
             out["reference"] = self.reference
         return out

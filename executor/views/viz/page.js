@@ -50,6 +50,34 @@
     return text;
   }
   function when(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
+  function failedOf(i) {  // the failed attempts of step i in this run: [[attempt, class, error], ...]
+    return (R && R.failed_attempts ? R.failed_attempts : []).filter((f) => f[0] === i).map((f) => f.slice(1));
+  }
+  function failedText(i) {  // "hang ×2, non_finite": the classes of its failed attempts
+    const byClass = {};
+    failedOf(i).forEach(([, cls]) => { byClass[cls] = (byClass[cls] || 0) + 1; });
+    return Object.keys(byClass).map((c) => c + (byClass[c] > 1 ? " ×" + byClass[c] : "")).join(", ");
+  }
+  function failedList() {  // the run's failed attempts, each with its class, linked to its step
+    const el = $("failed"), all = (R && R.failed_attempts) || [];
+    el.hidden = !all.length;
+    el.textContent = "";
+    if (!all.length) return;
+    el.appendChild(h("h2", "", "failed attempts " + all.length));
+    const ul = h("ul", "steplist");
+    all.forEach(([i, attempt, cls, why]) => {
+      const li = h("li", "failed-attempt");
+      li.dataset.step = i;
+      const name = h("button", "link", steps[i].name);
+      name.addEventListener("click", () => select(i, true));
+      li.appendChild(name);
+      li.appendChild(h("span", "", " attempt " + attempt + " "));
+      li.appendChild(h("span", "cls", cls));
+      li.appendChild(h("span", "", " " + why));
+      ul.appendChild(li);
+    });
+    el.appendChild(ul);
+  }
   function counts(members) {
     const c = {};
     for (const i of members) { const s = stateOf(i); c[s] = (c[s] || 0) + 1; }
@@ -176,8 +204,8 @@
       const keep = ["sel", "nbr", "up", "down", "match"].filter((c) => el.classList.contains(c));
       el.setAttribute("class", base + " s-" + s + (keep.length ? " " + keep.join(" ") : ""));
       if (subEl[i]) {
-        const run = runInfo(i);
-        subEl[i].textContent = steps[i].type + " · " + s + (run ? " · " + run : "");
+        const run = runInfo(i), failed = failedText(i);
+        subEl[i].textContent = steps[i].type + " · " + s + (run ? " · " + run : "") + (failed ? " · failed: " + failed : "");
       }
     }
     boxes.forEach(([, members], b) => { if (groupSub[b]) groupSub[b].textContent = countsText(counts(members)); });
@@ -199,6 +227,7 @@
     }
     $("summary").textContent = text;
     drawLadder();
+    failedList();
     drawCurves();
     if (selected !== null) showDetails(selected);
   }
@@ -345,6 +374,8 @@
       row(dl, "attempts", r[1] ? String(r[1]) : "");
       row(dl, "started", when(r[2]));
       row(dl, "duration", runInfo(i));
+      const failed = failedOf(i);
+      if (failed.length) row(dl, "failed attempts", failed.map(([a, cls, why]) => a + ": " + cls + (why ? " (" + why + ")" : "")).join("; "));
     }
     row(dl, "type", s.type);
     row(dl, "digest", s.digest, "mono");
@@ -465,6 +496,7 @@
     const [x0, x1, y0, y1] = bounds(keys.map((k) => m.series[k]));
     const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - Rm), sy = (y) => Tm + (1 - (y - y0) / (y1 - y0)) * (H - Tm - B);
     axes(el, x0, x1, y0, y1, [L, Tm, W - L - Rm, H - Tm - B], fmt, m.x || "");
+    shade(el, (m.rewound || []).map((r) => [r[0], r[1], "steps " + r[0] + "–" + r[1]]), sx, x0, x1, Tm, H - B);
     el.appendChild(svgEl("text", { x: 4, y: 14, class: "ctitle" }, name));
     keys.forEach((k, n) => {
       const pts = m.series[k].map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ");
@@ -475,6 +507,20 @@
     });
     if (name === "loss" && m.events) marks(el, m.events.map((e) => [e.step, e.kind]), sx, Tm, H - B);
     return el;
+  }
+  function shade(el, spans, sx, x0, x1, top, bottom) {  // rewound stretches: their data was thrown away
+    spans.forEach(([a, b, what]) => {
+      const lo = Math.max(Math.min(a, b), x0), hi = Math.min(Math.max(a, b), x1);
+      if (!(hi >= lo)) return;
+      const r = svgEl("rect", { class: "rewound", x: sx(lo), y: top, width: Math.max(1.5, sx(hi) - sx(lo)), height: bottom - top });
+      r.appendChild(svgEl("title", {}, "rewound: " + what + " trained on, then thrown away (back to the checkpoint)"));
+      el.appendChild(r);
+    });
+  }
+  function segments(pts) {  // a curve cut where x runs back (the loss by tokens after a rewind)
+    const out = [];
+    pts.forEach((p, n) => { if (!n || p[0] < pts[n - 1][0]) out.push([]); out[out.length - 1].push(p); });
+    return out;
   }
   function marks(el, evs, sx, top, bottom) {  // spike skips and rewinds: a line each, titled
     evs.forEach(([x, kind]) => {
@@ -499,12 +545,13 @@
     el.appendChild(svgEl("text", { x: 4, y: 16, class: "ctitle" }, "loss by tokens, every training step"));
     const poly = (pts, cls, color) => el.appendChild(svgEl("polyline", {
       points: pts.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" "), class: cls, stroke: color }));
+    parts.forEach((p) => shade(el, (p.m.rewound || []).map((r) => [r[2], r[3], steps[p.i].name + " steps " + r[0] + "–" + r[1]]), sx, x0, x1, Tm, H - B));
     if (ref) poly(ref.reference, "series reference", "#94a3b8");
     let legendX = W - Rm;
     const legend = [];
     parts.forEach((p, n) => {
       const color = PALETTE[n % PALETTE.length];
-      poly(p.pts, "series", color);
+      segments(p.pts).forEach((seg) => poly(seg, "series", color));
       const last = p.pts[p.pts.length - 1];
       legend.push([steps[p.i].name + " " + fmt(last[1]), color]);
       const tokens = p.m.series.tokens || [];  // step -> tokens, for the events

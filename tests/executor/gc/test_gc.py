@@ -143,6 +143,8 @@ def run(voyage_path, prefix, selection=None, **cfg):
 
 
 def gc(capsys, voyage_path, prefix, *args):
+    if "--gc-grace" not in args:  # outputs made a moment ago: no grace unless a test asks for it
+        args = (*args, "--gc-grace", "0")
     code = main([voyage_path, "--prefix", prefix, "--gc", *map(str, args)])
     out, err = capsys.readouterr()
     return code, out, err
@@ -463,7 +465,8 @@ def test_what_changed_after_the_listing_is_skipped_by_the_sweep(tmp_path, voyage
     a, b = dirnames(voyage_file, text="a"), dirnames(voyage_file, text="b")
     store = Store(prefix)
     vf = load(voyage_file)
-    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
+    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]),
+                               grace=0)
     assert {(i.output, i.kind) for i in report.items} == {(a["gc/src"], OLD), (a["gc/use"], OLD),
                                                           (a["gc/train"], OLD),
                                                           (b["gc/src"], "abandoned attempt")}
@@ -491,10 +494,88 @@ def test_a_lease_taken_after_the_last_look_is_skipped_as_busy(tmp_path, voyage_f
     a = dirnames(voyage_file, text="a")
     store = Store(prefix)
     vf = load(voyage_file)
-    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]))
+    report = collector.collect(store, collector.reached_of([build_dag(build_steps(vf, vf.config_class(text="b")))]),
+                               grace=0)
     monkeypatch.setattr(sweeper, "busy_now", lambda *args, **kw: {})  # the lease is taken just after it
     Leases(store, ttl=60, owner=Owner("elsewhere", 1, "run-elsewhere")).try_acquire(a["gc/train"])
     outcome = sweeper.sweep(store, report)
     assert [s.split(": ")[1].split(" (")[0] for s in outcome.skipped] == ["busy now"]
     assert os.path.exists(os.path.join(prefix, a["gc/train"], ".status"))
     assert {i.output for i in outcome.deleted} == {a["gc/src"], a["gc/use"]}
+
+
+WANDB = """
+from dataclasses import dataclass
+
+from executor import Step, step_type
+from steps.train.config import TrackerConfig
+from steps.train.pretrain import LOGS
+from steps.train.tracking import WandbTracker
+
+
+@dataclass(frozen=True)
+class Cfg:
+    lr: float = 0.1
+
+
+@step_type(version="1", resumable=True, logs=LOGS)
+def gc_wandb_train(config: Cfg, ctx):
+    # what a trainer does with W&B (steps/train/tracking.py): offline, its files under the output
+    tracker = WandbTracker(TrackerConfig(kind="wandb", mode="offline"), ctx.name, ctx.digest, ctx.output,
+                           {"lr": config.lr})
+    tracker.log({"step": 1, "loss": 3.0}, 1)
+    tracker.finish()
+    with ctx.open("model.bin", "wb") as f:
+        f.write(str(config.lr).encode() * 100)
+
+
+def voyage(config: Cfg):
+    return [Step("gc/wandb", gc_wandb_train, config)]
+"""
+
+
+def test_a_training_output_with_wandb_links_goes_and_a_grace_keeps_what_was_just_committed(tmp_path, capsys):
+    """W&B (offline, really run) leaves `wandb/<run>/logs/debug-core.log` pointing into its cache,
+    out of the prefix: W&B's own link, so an old version of a training output is still listed and
+    deleted (the link removed, its target left). An output committed moments ago waits out the
+    grace period."""
+    path = tmp_path / "wb.py"
+    path.write_text(WANDB)
+    prefix = str(tmp_path / "p")
+    run(str(path), prefix, lr=0.1)
+    old = dirnames(str(path), lr=0.1)["gc/wandb"]
+    links = [os.path.join(d, f) for d, ds, fs in os.walk(os.path.join(prefix, old)) for f in fs + ds
+             if os.path.islink(os.path.join(d, f))]
+    core = [p for p in links if p.endswith("logs/debug-core.log")]
+    assert core, links  # W&B wrote its link
+    target = os.path.realpath(core[0])
+    assert not target.startswith(os.path.realpath(prefix)) and os.path.exists(target)
+    run(str(path), prefix, lr=0.2)  # a new version: the first is old
+    # committed moments ago: kept by the default grace, listed once it is over
+    code, out, err = gc(capsys, str(path), prefix, "--lr", "0.2", "--gc-grace", "300", "--yes")
+    assert code == 0 and "committed less than 300s ago" in out and "nothing to delete" not in err, out
+    assert os.path.isdir(os.path.join(prefix, old)) and "refused" not in out
+    code, out, err = gc(capsys, str(path), prefix, "--lr", "0.2", "--yes")
+    assert code == 0, err
+    assert "old version" in out and "refused" not in out and "a symlink that leaves" not in out, out
+    assert not os.path.exists(os.path.join(prefix, old))
+    assert os.path.exists(target)  # W&B's own log in its cache: only the link went
+    assert len(folders(prefix, "gc/wandb")) == 1
+    # a link that is not W&B's, out of the prefix, still refuses its folder
+    new = dirnames(str(path), lr=0.2)["gc/wandb"]
+    os.symlink(target, os.path.join(prefix, new, "stolen.log"))
+    code, out, err = gc(capsys, str(path), prefix, "--lr", "0.3", "--yes")
+    assert f"{new}/stolen.log -> {target}: a symlink that leaves the prefix" in out, out
+    assert os.path.isdir(os.path.join(prefix, new)) and os.path.exists(target)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gc", "--gc-grace", "-1"], "must be 0 or more seconds"),
+    (["--gc", "--gc-grace", "soon"], "is not a number of seconds"),
+    (["--gc-grace", "5"], "--gc-grace only applies to --gc"),
+])
+def test_bad_gc_grace_is_one_line_exit_2(tmp_path, capsys, voyage_file, args, words):
+    prefix = str(tmp_path / "p")
+    code = main([voyage_file, "--prefix", prefix, *args])
+    _, err = capsys.readouterr()
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

@@ -11,8 +11,11 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
+
+from executor import step_type
 
 
 from kits.vizkit import Selection, replan, run_inline, small_voyage, synthetic_plan  # noqa: E402
@@ -260,3 +263,88 @@ def test_selecting_a_step_highlights_its_lineage_both_ways_with_licences(browser
     assert "policy\nopen licences only" in details and '"licenses": [' in details  # the record's provenance
     o.shot("live-lineage.png")
     o.check_clean(live)
+
+
+REWIND_ROWS = 12  # logged rows (every 5 steps): a rewind at step 32 back to step-20's checkpoint
+
+
+@dataclass(frozen=True)
+class Rewinding:
+    marker: str  # a folder: its files say which attempts already failed
+
+
+@step_type(version="1", resumable=True, logs=("metrics.jsonl",))
+def rewinding(config: Rewinding, ctx) -> None:
+    """Fails once as a hang and once non-finite (as the trainer's watchdog and guard classify
+    them), then writes the metrics.jsonl the trainer writes around a spike rewind: step-20's
+    checkpoint restored at step 32, the tokens counted again from step 20's, and the row logged
+    across the rewind with negative throughput (the tokens it went back, over its seconds)."""
+    from executor import Hang, NonFinite
+
+    for name, error in (("hang", Hang("no optimizer step finished within 6s")),
+                        ("nan", NonFinite("loss is nan at step 7"))):
+        if not os.path.exists(os.path.join(config.marker, name)):
+            open(os.path.join(config.marker, name), "w").close()
+            raise error
+    rows, tokens, per_step = [], 0, 512
+    for step in range(5, 5 * REWIND_ROWS + 1, 5):
+        before = tokens
+        tokens = step * per_step if step <= 30 else (20 + step - 32) * per_step  # back to step 20's after 32
+        row = {"step": step, "loss": 6.0 - step / 30, "tokens": tokens, "lr": 0.01,
+               "tokens_per_s": (tokens - before) / 0.5, "mfu": (tokens - before) / 1e5}
+        if step == 35:
+            row["events"] = [{"step": 32, "kind": "rewind", "to_step": 20, "skipped": [20, 32], "loss": 9.1}]
+        rows.append(json.dumps(row))
+    with ctx.open("metrics.jsonl", "w") as f:
+        f.write("\n".join(rows) + "\n")
+
+
+def test_the_page_after_a_rewind_and_failed_attempts(browser, tmp_path):
+    """Issue 29 gap 6: the rewound stretch is shaded (by step on each chart, by tokens on the
+    overview, where the curve is cut rather than drawn back), no rate below zero, and the class of
+    every failed attempt on the step's node, in its details and in the run's list."""
+    from executor import RetryPolicy, Step
+    from executor.failures import Budget
+    from executor.runner import Runner
+    from executor.testing import InlineBackend
+
+    prefix, marker = str(tmp_path / "p"), tmp_path / "marker"
+    marker.mkdir()
+    retry = RetryPolicy(budgets={"hang": Budget(1, 0.0), "non_finite": Budget(1, 0.0)})
+    steps = [Step("pretrain/tiny", rewinding, Rewinding(str(marker)), retry=retry)]
+    plan = replan(steps, prefix)
+    page = LivePage(plan, "rewind", "0ddba11", min_interval=0.05)
+    summary = Runner(plan, InlineBackend(), poll=0.01, on_change=page.start()).run()
+    page.close(summary)
+    assert summary.outcomes["pretrain/tiny"].state == "SUCCESS" and summary.outcomes["pretrain/tiny"].attempts == 3
+    run = page.run_json()
+    assert [f[:3] for f in run["failed_attempts"]] == [[0, 1, "hang"], [0, 2, "non_finite"]]
+    m = run["metrics"]["0"]
+    assert m["rewound"] == [[20.0, 32.0, 20 * 512.0, 30 * 512.0]]
+    assert min(y for _, y in m["series"]["tokens_per_s"]) >= 0 and min(y for _, y in m["series"]["mfu"]) >= 0
+    assert len(m["series"]["tokens_per_s"]) == REWIND_ROWS - 1  # the row across the rewind is left out
+
+    path = page.store.path(page.folder, "index.html")
+    o = Opened(browser, path)
+    # shaded: once on the overview (by tokens), once on each chart by step
+    charts = o.page.locator("#curves svg.chart").count()
+    assert o.page.locator("#curves svg.chart rect.rewound").count() == charts
+    title = o.page.locator("#curves svg.overview rect.rewound title").text_content()
+    assert "pretrain/tiny steps 20–32" in title
+    # the loss by tokens is cut where it runs back, not drawn back over itself
+    assert o.page.locator("#curves svg.overview polyline.series").count() == 2
+    # no rate below zero on its axis
+    for name in ("tokens_per_s", "mfu"):
+        chart = o.page.locator("#curves svg.chart", has=o.page.locator(f"text.ctitle:text-is('{name}')"))
+        ticks = [t for t in chart.locator("text.tick[text-anchor=end]:not(.value)").all_text_contents()
+                 if not t.endswith(" step")]  # the y axis's (the x axis ends in one too)
+        assert ticks and all(float(t.replace(",", "")) >= 0 for t in ticks), (name, ticks)
+    # the classes of its failed attempts: on its node, in the run's list, in its details
+    assert "failed: hang, non_finite" in o.page.locator('#boxes [data-step="0"]').first.text_content()
+    listed = o.page.locator("#failed li.failed-attempt").all_inner_texts()
+    assert len(listed) == 2 and "attempt 1 hang" in listed[0] and "attempt 2 non_finite" in listed[1], listed
+    assert "Hang: no optimizer step" in listed[0]
+    details = o.click_step(plan, "pretrain/tiny")
+    assert "failed attempts" in details and "1: hang" in details and "2: non_finite" in details
+    o.shot("rewind.png")
+    o.check_clean(path)
