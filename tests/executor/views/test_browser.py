@@ -230,7 +230,7 @@ def test_selecting_a_step_highlights_its_lineage_both_ways_with_licences(browser
     """Issue 14: in the plan drawing and the live page, a selected step marks everything it was
     built from (`up`) and everything built from it (`down`), transitively, and the details name
     the licences reaching it, a source's own licence and a step's policy."""
-    from test_lineage import voyage as licensed_voyage
+    from tests.executor.test_lineage import voyage as licensed_voyage
 
     prefix = str(tmp_path / "p")
     plan = replan(small_voyage(), prefix)
