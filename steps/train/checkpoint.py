@@ -1,6 +1,7 @@
 """Checkpoints: torch.distributed.checkpoint (DCP) folders on any fsspec URL.
 
-Layout, under a training step's output:
+Layout, under a training step's output (the folder names, the cadence and retention:
+steps/train/checkpoint_policy.py, torch-free):
 
     checkpoints/step-N/        N optimizer steps done
         .metadata, __R_0.distcp   DCP: "model" and "optim" (FQN-keyed, so any world size or
@@ -20,8 +21,8 @@ goes stale).
 A folder counts as a checkpoint only once its meta.json exists, so one cut off mid-save is never
 resumed from (it is deleted when found). The trainer saves through steps/train/saving.py, which
 writes meta.json only once the state was finite and the folder reads back (sync or async);
-`save` here is the plain collective save without those checks. Retention: the newest `keep_last`, every step that is a
-multiple of `permanent_every`, and the final step are kept; the rest are deleted after each save.
+`save` here is the plain collective save without those checks. Retention (`prune`) deletes what
+`CheckpointConfig.kept` does not keep, after each save.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ import contextlib
 import json
 import pickle
 import posixpath
-import re
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
@@ -43,10 +42,9 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from executor import VoyageError, write_atomic
-
-CHECKPOINTS = "checkpoints"
-META = "meta.json"
-RUN = "run.json"  # a log of the training steps (steps.train.pretrain.LOGS)
+from steps.train.checkpoint_policy import (CHECKPOINTS, META, RUN, CheckpointConfig, Found, folder,  # noqa: F401
+                                           list_checkpoints, root_of, step_of)
+from steps.train.ranks import barrier, is_main, rng_state
 
 
 class Writer(FsspecWriter):
@@ -55,49 +53,17 @@ class Writer(FsspecWriter):
 
     def storage_meta(self) -> None:
         return None
-_STEP_RE = re.compile(r"^step-(\d+)$")
-
-
-@dataclass(frozen=True)
-class Found:
-    step: int
-    url: str
-
-
-def root_of(output: str) -> str:
-    return f"{output.rstrip('/')}/{CHECKPOINTS}"
-
-
-def folder(output: str, step: int) -> str:
-    return f"{root_of(output)}/step-{step}"
-
-
-def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
-    """The checkpoint folders under a training output, oldest first (only complete ones unless
-    `complete=False`)."""
-    fs, root = fsspec.core.url_to_fs(root_of(output))
-    try:
-        entries = fs.ls(root, detail=False, refresh=True)
-    except FileNotFoundError:
-        return []
-    found = []
-    for entry in entries:
-        m = _STEP_RE.match(posixpath.basename(entry.rstrip("/")))
-        if m and (not complete or fs.exists(posixpath.join(entry, META))):
-            found.append(Found(int(m.group(1)), folder(output, int(m.group(1)))))
-    return sorted(found, key=lambda f: f.step)
 
 
 def resolve(url: str, field: str) -> Found:
     """A checkpoint named by a training step's output (its newest checkpoint) or by a
     `checkpoints/step-N` folder itself."""
-    base = posixpath.basename(url.rstrip("/"))
-    m = _STEP_RE.match(base)
-    if m:
+    n = step_of(url)
+    if n is not None:
         fs, path = fsspec.core.url_to_fs(url)
         if not fs.exists(posixpath.join(path, META)):
             raise VoyageError(f"{field}: {url} is not a complete checkpoint (no {META})")
-        return Found(int(m.group(1)), url.rstrip("/"))
+        return Found(n, url.rstrip("/"))
     found = list_checkpoints(url)
     if not found:
         raise VoyageError(f"{field}: no checkpoint under {url}")
@@ -129,12 +95,10 @@ def remove_incomplete(output: str) -> None:
             _rm(f.url)
 
 
-def prune(output: str, keep_last: int, permanent_every: int, final_step: int) -> list[int]:
-    """Delete the checkpoints retention does not keep; returns the steps deleted."""
+def prune(output: str, policy: CheckpointConfig) -> list[int]:
+    """Delete the checkpoints `policy` does not keep; returns the steps deleted."""
     found = list_checkpoints(output)
-    keep = {f.step for f in found[-keep_last:]} | {final_step}
-    if permanent_every:
-        keep |= {f.step for f in found if f.step % permanent_every == 0}
+    keep = policy.kept(f.step for f in found)
     gone = [f for f in found if f.step not in keep]
     for f in gone:
         _rm(f.url)
@@ -149,15 +113,6 @@ def _rm(url: str) -> None:
         pass
 
 
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 @contextlib.contextmanager
 def _single_process_ok() -> Iterator[None]:
     """DCP warns on every save and load without a process group, which is how one worker runs."""
@@ -166,36 +121,29 @@ def _single_process_ok() -> Iterator[None]:
         yield
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"cpu": torch.get_rng_state().numpy().tobytes()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state().numpy().tobytes()
-    return state
-
-
 def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
          meta: dict[str, Any], run: dict[str, Any] | None = None) -> None:
     """Save a checkpoint from every rank (a collective); rank 0 writes run.json (a log: timings,
     nodes) and then meta.json, last."""
-    if _is_main():
+    if is_main():
         _rm(url)  # what an earlier, killed save of this step may have left
-    _barrier()
+    barrier()
     rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
     if dist.is_initialized():
-        dist.all_gather_object(rngs, _rng_state())
+        dist.all_gather_object(rngs, rng_state())
     else:
-        rngs = [_rng_state()]
+        rngs = [rng_state()]
     model_sd, optim_sd = get_state_dict(model, optimizer)
     blob = pickle.dumps({**train, "rng": rngs})
     with _single_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd, "train": {"state": blob}},
                  storage_writer=Writer(url, sync_files=False), no_dist=not dist.is_initialized())
-    _barrier()
-    if _is_main():
+    barrier()
+    if is_main():
         if run is not None:
             write_atomic(f"{url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
         write_atomic(f"{url}/{META}", json.dumps(meta, indent=1, sort_keys=True).encode(), fsync=True)
-    _barrier()
+    barrier()
 
 
 def load(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

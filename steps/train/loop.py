@@ -36,6 +36,7 @@ from steps.data.refs import ref
 from steps.moe.balance import update_expert_bias
 from steps.moe.expert_parallel import take_dropped_layers
 from steps.train import checkpoint
+from steps.train.checkpoint_policy import CheckpointConfig
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
 from steps.train.health import Entropy
@@ -157,9 +158,8 @@ class Trainer:
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
         self.spikes = SpikeGuard(self.cfg.optimizer.spikes)
         self.drop_share_max = 0.0  # the largest share of assignments dropped in a metrics row of this attempt
-        self.saver = Saver(self.ctx.output, async_save=self.tcfg.async_checkpoint, keep_last=self.tcfg.keep_last,
-                           permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device,
-                           fence=self.ctx.fenced)
+        self.saver = Saver(self.ctx.output, CheckpointConfig.of(self.tcfg, job.end),
+                           async_save=self.tcfg.async_checkpoint, device=self.device, fence=self.ctx.fenced)
         self.entropy = Entropy(self.layers)
         self.rewinds: list[float] = []  # seconds from detection to training again, per rewind
 
@@ -364,8 +364,7 @@ class Trainer:
                             tracker.log(row, self.step)
                             ctx.logger.info("%s  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  mfu %.2f%%",
                                             progress.line(), row["loss"], lr, row["grad_norm"], rate, 100 * row["mfu"])
-                    permanent = tcfg.permanent_every and self.step % tcfg.permanent_every == 0
-                    if self.step % tcfg.checkpoint_every == 0 or self.step == job.end or permanent:
+                    if self.saver.due(self.step):
                         with watchdog.paused():
                             self.save(row, started)
                         if self.main:

@@ -43,13 +43,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from executor import LeaseLost, NonFinite, write_atomic
 from steps.train import checkpoint
 from steps.train.checkpoint import META, RUN, Writer
+from steps.train.checkpoint_policy import CheckpointConfig
+from steps.train.ranks import barrier, is_main, local, reduce_int, rng_state
 
 log = logging.getLogger("marin.train")
 SAMPLED = 4  # tensors read back per checkpoint
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -66,10 +64,10 @@ def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]
 
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
-    names = [k for k, t in tensors.items() if t.is_floating_point() and _local(t).numel()]
+    names = [k for k, t in tensors.items() if t.is_floating_point() and local(t).numel()]
     if not names:  # the same keys on every rank: all of them return here, or none
         return []
-    flags = torch.stack([~torch.isfinite(_local(tensors[k])).all() for k in names]).to(torch.int32)
+    flags = torch.stack([~torch.isfinite(local(tensors[k])).all() for k in names]).to(torch.int32)
     if dist.is_initialized():
         flags = flags.cpu() if dist.get_backend() == "gloo" else flags
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -78,8 +76,8 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
 
 def checksum(t: torch.Tensor) -> str:
     """sha256 of a tensor's (local shard's) bytes."""
-    local = _local(t).detach().contiguous().cpu()
-    return hashlib.sha256(local.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    shard = local(t).detach().contiguous().cpu()
+    return hashlib.sha256(shard.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def sample_keys(keys: list[str], step: int, n: int = SAMPLED) -> list[str]:
@@ -123,10 +121,7 @@ def verify(url: str, expected: dict[str, torch.Tensor], sums: dict[str, str]) ->
     fresh = {k: torch.empty_like(expected[k]) for k in sums}
     dcp.load(_nested(fresh), storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
     bad = [k for k in sums if checksum(fresh[k]) != sums[k]]
-    flag = torch.tensor([len(bad)], device="cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu")
-    if dist.is_initialized():  # every rank raises, or none
-        dist.all_reduce(flag)
-    if bad or flag.item():
+    if bad or reduce_int(len(bad)):  # every rank raises, or none
         raise IOError(f"checkpoint {url}: tensors read back differ from what was saved: {bad[:3] or 'on another rank'}")
 
 
@@ -152,17 +147,14 @@ def agreed(fence: Callable[[str], Any], what: str, act: Callable[[], Any]) -> No
     the step's lease); every rank raises LeaseLost if rank 0 could not, so none waits in a
     collective for a rank that stopped (one 4-byte all-reduce)."""
     lost: LeaseLost | None = None
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_main():
         try:
             with fence(what):
                 act()
         except LeaseLost as e:
             lost = e
-    if dist.is_initialized():
-        flag = torch.tensor([int(lost is not None)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and lost is None:
-            raise LeaseLost(f"rank 0 found the step's lease taken over before {what}")
+    if dist.is_initialized() and reduce_int(lost is not None, dist.ReduceOp.MAX) and lost is None:
+        raise LeaseLost(f"rank 0 found the step's lease taken over before {what}")
     if lost is not None:
         raise lost
 
@@ -176,18 +168,21 @@ class Saver:
     (StepContext.fenced): clearing a step's folder before a save, the marker that makes a
     checkpoint count, and retention's deletions. A save starts only while the lease is ours."""
 
-    def __init__(self, output: str, *, async_save: bool, keep_last: int, permanent_every: int, final_step: int,
-                 device: torch.device, fence: Callable[[str], Any] = _unfenced) -> None:
-        self.output, self.async_save, self.fence = output, async_save, fence
-        self.keep_last, self.permanent_every, self.final_step = keep_last, permanent_every, final_step
+    def __init__(self, output: str, policy: CheckpointConfig, *, async_save: bool, device: torch.device,
+                 fence: Callable[[str], Any] = _unfenced) -> None:
+        self.output, self.policy, self.async_save, self.fence = output, policy, async_save, fence
         self.device = device
         self.pending: _Pending | None = None
         self.stalls: list[float] = []  # seconds training waited per save
-        self.main = not dist.is_initialized() or dist.get_rank() == 0
+        self.main = is_main()
         # The upload thread's collectives (DCP's plan exchange) must never interleave with the
         # training thread's on one group: async saves get a gloo group of their own (a collective
         # to create, so every rank builds its Saver at the same point), as torchtitan does.
         self.group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+
+    def due(self, step: int) -> bool:
+        """Whether checkpoint step-`step` is saved (the policy's cadence)."""
+        return self.policy.due(step)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
              meta: dict[str, Any], run: dict[str, Any] | None) -> None:
@@ -204,12 +199,12 @@ class Saver:
                             f"({', '.join(bad[:3])}); no checkpoint written")
         # what an earlier, killed save of this step may have left goes; a superseded attempt stops here
         agreed(self.fence, f"saving checkpoint step-{step}", lambda: checkpoint._rm(url))
-        checkpoint._barrier()
+        barrier()
         rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
         if dist.is_initialized():
-            dist.all_gather_object(rngs, checkpoint._rng_state())
+            dist.all_gather_object(rngs, rng_state())
         else:
-            rngs = [checkpoint._rng_state()]
+            rngs = [rng_state()]
         keys = sample_keys(sorted(flat), step)
         sums = {k: checksum(flat[k]) for k in keys}
         expected = {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in flat.items()}
@@ -240,9 +235,7 @@ class Saver:
             return
         done = p.future.done()
         if dist.is_initialized():
-            flag = torch.tensor([int(done)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            done = bool(flag.item())
+            done = bool(reduce_int(done, dist.ReduceOp.MIN))
         if done:
             t0 = time.perf_counter()
             self.finish()
@@ -256,7 +249,7 @@ class Saver:
             return None
         if p.future is not None:
             p.future.result()  # raises what the upload raised: the checkpoint never counts
-        checkpoint._barrier()
+        barrier()
         with checkpoint._single_process_ok():
             verify(p.url, p.expected, p.sums)
         run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
@@ -265,10 +258,10 @@ class Saver:
         def mark() -> None:
             write_atomic(f"{p.url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
             write_atomic(f"{p.url}/{META}", json.dumps(p.meta, indent=1, sort_keys=True).encode(), fsync=True)
-            checkpoint.prune(self.output, self.keep_last, self.permanent_every, self.final_step)
+            checkpoint.prune(self.output, self.policy)
 
         agreed(self.fence, f"marking checkpoint step-{p.step} complete", mark)
-        checkpoint._barrier()
+        barrier()
         return p.step
 
 

@@ -18,6 +18,7 @@ from kits.trainkit import make_mixture, run_step  # noqa: E402
 from executor import NonFinite  # noqa: E402
 from executor.failures import NON_FINITE, classify  # noqa: E402
 from steps.train import checkpoint, saving  # noqa: E402
+from steps.train.checkpoint_policy import CheckpointConfig  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
 from steps.train.eval import EvalConfig, evaluate  # noqa: E402
 from steps.train.loop import Killed, build_model, build_optimizer  # noqa: E402
@@ -74,7 +75,7 @@ def test_a_checkpoint_with_non_finite_state_is_refused_and_never_marked(tmp_path
 
     model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
     opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
-    saver = saving.Saver(str(tmp_path), async_save=False, keep_last=2, permanent_every=0, final_step=10,
+    saver = saving.Saver(str(tmp_path), CheckpointConfig(every=1, final_step=10, keep_last=2), async_save=False,
                          device=torch.device("cpu"))
     saver.save(3, model, opt, {"step": 3}, {"step": 3}, None)
     assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path))] == [3]
