@@ -120,6 +120,12 @@ class SpikeGuard:
         self.events[-1].update(to_step=to_step, skipped=[to_step, spike_step])
         self.run = []
 
+    def not_rewound(self, note: str) -> None:
+        """The trainer found nothing to rewind to: the sustained spike's last outlier stays a
+        skipped update, with `note` saying why."""
+        self.events[-1].update(kind=SKIP, note=note)
+        self.run = []
+
     def skipped_steps(self) -> list[tuple[int, int, str]]:
         """(first, last, kind) optimizer step ranges whose data was not trained on."""
         out = []
