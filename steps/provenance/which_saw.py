@@ -55,6 +55,7 @@ from steps.data.mixture import MixtureSampler, load_mixture
 from steps.provenance.holders import TRAINING_TYPES, Holding, Parent, holdings
 from steps.provenance.inverse import MixtureInverse
 from steps.train.checkpoint_policy import META, CheckpointConfig, folder, list_checkpoints
+from steps.train.spikes import REWIND, skipped_ranges
 
 EXAMPLE = "kjv:kjv/Ge1"  # a real query of the laptop voyage: source kjv, document id "kjv/Ge1"
 
@@ -561,12 +562,12 @@ def skipped_steps(checkpoint_url: str, steps: list[int]) -> list[tuple[int, str]
     except FileNotFoundError:
         return []
     why: dict[int, str] = {}
-    for e in events:
-        if e.get("kind") == "rewind" and "skipped" in e:
-            for n in range(e["skipped"][0], e["skipped"][1] + 1):
-                why[n] = "rewind"
-        elif e.get("kind") == "skip":
-            why.setdefault(e["step"], "skip")
+    for first, last, kind in skipped_ranges(events):
+        for n in range(first, last + 1):
+            if kind == REWIND:
+                why[n] = REWIND
+            else:
+                why.setdefault(n, kind)
     return [(n, why[n]) for n in steps if n in why]
 
 

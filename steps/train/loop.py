@@ -332,7 +332,7 @@ class Trainer:
             dist.all_reduce(drops_L2)
         drops = drops_L2.sum(0)
         norm = grad_norm
-        events = [e for e in self.spikes.events if e["step"] >= self.step - self.tcfg.log_every]
+        events = [e.as_dict() for e in self.spikes.events if e.step >= self.step - self.tcfg.log_every]
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
@@ -352,7 +352,8 @@ class Trainer:
                 "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
                 "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
-                "mesh": dataclasses.asdict(self.pc), "spike_events": self.spikes.events}
+                "mesh": dataclasses.asdict(self.pc),
+                "spike_events": [e.as_dict() for e in self.spikes.events]}
         # what varies from run to run (timings, the nodes) is a log, out of the output digest
         run = {"metrics": row, "startup_s": started - job.created, "time": time.time(),
                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,

@@ -19,17 +19,20 @@ The guard's state (window, events) is saved in each checkpoint and restored with
 decision is a function of the values seen, so a resumed run makes the same decisions. On a
 rewind the window comes back from the checkpoint but the events are kept (they happened).
 
-Events are dicts: {"step", "kind": "skip" | "rewind", "loss", "grad_norm", "z_loss", "z_grad"}
-plus, for a rewind, "to_step" (the checkpoint) and "skipped": [first, last] optimizer steps whose
-data is never trained on.
+Events are `SpikeEvent`s (frozen); in a checkpoint's meta.json and the step's results they are
+dicts {"step", "kind": "skip" | "rewind", "loss", "grad_norm", "z_loss", "z_grad"} plus, for a
+rewind, "to_step" (the checkpoint) and "skipped": [first, last] optimizer steps whose data is
+never trained on. `skipped_ranges` is the one reader of what they skipped (pretrain's provenance,
+--which-saw).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from executor import VoyageError
 
@@ -60,6 +63,56 @@ class SpikeConfig:
             raise VoyageError(f"optimizer.spikes.sustained must be >= 0, got {self.sustained}")
 
 
+@dataclass(frozen=True)
+class SpikeEvent:
+    """One decision of the guard: an outlier whose update was skipped, or the last outlier of a
+    sustained spike, rewound (`to_step`: the checkpoint; `skipped`: [first, last] optimizer steps
+    whose data is never trained on). `note`: why a sustained spike stayed a skip."""
+
+    step: int
+    kind: str  # SKIP or REWIND
+    loss: float
+    grad_norm: float
+    z_loss: float
+    z_grad: float
+    to_step: int | None = None
+    skipped: tuple[int, int] | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (meta.json, results, metrics rows): unset fields left out."""
+        out: dict[str, Any] = {"step": self.step, "kind": self.kind, "loss": self.loss, "grad_norm": self.grad_norm,
+                               "z_loss": self.z_loss, "z_grad": self.z_grad}
+        if self.to_step is not None:
+            out["to_step"] = self.to_step
+        if self.skipped is not None:
+            out["skipped"] = list(self.skipped)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpikeEvent":
+        skipped = d.get("skipped")
+        return cls(step=int(d["step"]), kind=str(d["kind"]), loss=float(d.get("loss", math.nan)),
+                   grad_norm=float(d.get("grad_norm", math.nan)), z_loss=float(d.get("z_loss", math.nan)),
+                   z_grad=float(d.get("z_grad", math.nan)), to_step=d.get("to_step"),
+                   skipped=None if skipped is None else (int(skipped[0]), int(skipped[1])), note=str(d.get("note", "")))
+
+
+def skipped_ranges(events: Iterable[SpikeEvent | dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(first, last, kind) optimizer-step ranges whose data was not trained on, one per event in
+    the events' order: a rewind's skipped window, a skipped update's own step."""
+    out = []
+    for e in events:
+        e = e if isinstance(e, SpikeEvent) else SpikeEvent.from_dict(e)
+        if e.kind == REWIND and e.skipped is not None:
+            out.append((e.skipped[0], e.skipped[1], REWIND))
+        elif e.kind == SKIP:
+            out.append((e.step, e.step, SKIP))
+    return out
+
+
 def _z(value: float, window: deque) -> float:
     n = len(window)
     mean = sum(window) / n
@@ -77,7 +130,7 @@ class SpikeGuard:
         self.loss: deque = deque(maxlen=cfg.window)
         self.grad: deque = deque(maxlen=cfg.window)
         self.run: list[int] = []  # steps of the current run of outliers
-        self.events: list[dict[str, Any]] = []
+        self.events: list[SpikeEvent] = []
 
     def observe(self, step: int, loss: float, grad_norm: float) -> str:
         """OK (update), SKIP (drop this update) or REWIND (a sustained spike; the trainer calls
@@ -93,13 +146,10 @@ class SpikeGuard:
             self.run = []
             return OK
         self.run.append(step)
-        event = {"step": step, "kind": SKIP, "loss": loss, "grad_norm": grad_norm,
-                 "z_loss": round(z_loss, 3), "z_grad": round(z_grad, 3)}
-        self.events.append(event)
-        if self.cfg.sustained and len(self.run) >= self.cfg.sustained:
-            event["kind"] = REWIND
-            return REWIND
-        return SKIP
+        rewind = bool(self.cfg.sustained and len(self.run) >= self.cfg.sustained)
+        self.events.append(SpikeEvent(step, REWIND if rewind else SKIP, loss, grad_norm, round(z_loss, 3),
+                                      round(z_grad, 3)))
+        return REWIND if rewind else SKIP
 
     def _accept(self, loss: float, grad_norm: float) -> None:
         self.loss.append(math.log(max(loss, 1e-12)))
@@ -117,42 +167,31 @@ class SpikeGuard:
         if state:
             self.load_state_dict(state)
         self.events = events
-        self.events[-1].update(to_step=to_step, skipped=[to_step, spike_step])
+        self.events[-1] = dataclasses.replace(events[-1], to_step=to_step, skipped=(to_step, spike_step))
         self.run = []
 
     def not_rewound(self, note: str) -> None:
         """The trainer found nothing to rewind to: the sustained spike's last outlier stays a
         skipped update, with `note` saying why."""
-        self.events[-1].update(kind=SKIP, note=note)
+        self.events[-1] = dataclasses.replace(self.events[-1], kind=SKIP, note=note)
         self.run = []
-
-    def skipped_steps(self) -> list[tuple[int, int, str]]:
-        """(first, last, kind) optimizer step ranges whose data was not trained on."""
-        out = []
-        for e in self.events:
-            if e["kind"] == REWIND and "skipped" in e:
-                out.append((e["skipped"][0], e["skipped"][1], REWIND))
-            elif e["kind"] == SKIP:
-                out.append((e["step"], e["step"], SKIP))
-        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"loss": list(self.loss), "grad": list(self.grad), "run": list(self.run),
-                "events": [dict(e) for e in self.events]}
+                "events": [e.as_dict() for e in self.events]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loss = deque(state.get("loss", ()), maxlen=self.cfg.window)
         self.grad = deque(state.get("grad", ()), maxlen=self.cfg.window)
         self.run = list(state.get("run", ()))
-        self.events = [dict(e) for e in state.get("events", ())]
+        self.events = [SpikeEvent.from_dict(e) for e in state.get("events", ())]
 
 
-def trained_ranges(start: int, end: int, events: list[dict[str, Any]]) -> list[tuple[int, int]]:
+def trained_ranges(start: int, end: int, events: Iterable[SpikeEvent | dict[str, Any]]) -> list[tuple[int, int]]:
     """The [a, b) optimizer-step ranges of [start, end) whose data was trained on: all of it less
     the windows rewinds skipped (a skipped update still read its batch's data: it is not in a
     rewind window, so it counts as read, though it changed nothing)."""
-    cut = sorted((e["skipped"][0], e["skipped"][1] + 1) for e in events
-                 if e.get("kind") == REWIND and "skipped" in e)
+    cut = sorted((a, b + 1) for a, b, kind in skipped_ranges(events) if kind == REWIND)
     out, at = [], start
     for a, b in cut:
         a, b = max(a, start), min(b, end)
