@@ -16,6 +16,7 @@ every multiple of `permanent_every`, and the final step.
 
 from __future__ import annotations
 
+import json
 import math
 import posixpath
 import re
@@ -27,6 +28,7 @@ import fsspec
 CHECKPOINTS = "checkpoints"
 META = "meta.json"
 RUN = "run.json"  # a log of the training steps (steps.train.pretrain.LOGS)
+FILES = "files"  # meta.json: {file name: {"size": bytes, "sha256": hex}} of every file DCP wrote
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -101,3 +103,21 @@ def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
         if n is not None and (not complete or fs.exists(posixpath.join(entry, META))):
             found.append(Found(n, folder(output, n)))
     return sorted(found, key=lambda f: f.step)
+
+
+def size_problem(url: str, meta: dict[str, Any] | None = None) -> tuple[str, str] | None:
+    """The cheap check of a checkpoint folder (one listing, no data read; torch-free, for a
+    dry-run): (file, what is wrong) for the first file of meta.json's `files` that is missing or
+    of another size than recorded; None when all match (or none are recorded)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if meta is None:
+        with fs.open(posixpath.join(path, META), "r") as f:
+            meta = json.load(f)
+    recorded = meta.get(FILES) or {}
+    sizes = {posixpath.basename(e["name"]): e["size"] for e in fs.ls(path, detail=True, refresh=True)}
+    for name, rec in sorted(recorded.items()):
+        if name not in sizes:
+            return name, "missing"
+        if sizes[name] != rec["size"]:
+            return name, f"size check: {sizes[name]} bytes, {rec['size']} when saved"
+    return None

@@ -176,34 +176,64 @@ class Trainer:
         self.entropy = Entropy(self.layers)
         self.faults = Faults.of(self.tcfg, self.ctx.attempt, job.model_config.vocab_size)
         self.rewinds: list[float] = []  # seconds from detection to training again, per rewind
+        self.refused: set[int] = set()  # checkpoint steps that failed verification in this attempt
         self.trained = 0  # optimizer steps of this attempt that were not rewound over
         self.started = time.time()
         self.report: Reporter | None = None  # built when training starts
 
     def resume(self) -> None:
-        """From this step's own newest checkpoint, else from `init_from` (midtrain), else fresh."""
+        """From this step's own newest checkpoint that verifies (an older one when the newest is
+        refused), else from `init_from` (midtrain), else fresh."""
         # a superseded attempt of this lineage may be mid-save here: only the lease's holder deletes
         agreed(self.ctx.fenced, "removing unfinished checkpoints", lambda: checkpoint.remove_incomplete(self.ctx.output))
         own = checkpoint.list_checkpoints(self.ctx.output)
-        source = own[-1].url if own else self.job.init_from
-        if source is None or (not own and self.job.init_weights_only):
-            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
-            if source is not None:  # imported weights: a fresh optimizer, the run's schedule at this phase's start
-                from steps.export.from_hf import start_schedule_at
+        if not own and self.job.init_from is not None and self.job.init_weights_only:
+            # imported weights: a fresh optimizer, the run's schedule at this phase's start
+            from steps.export.from_hf import start_schedule_at
 
-                checkpoint.load(source, self.model, None)
-                start_schedule_at(self.scheduler, self.step)
+            checkpoint.load(self.job.init_from, self.model, None)
+            start_schedule_at(self.scheduler, self.step)
+        if not own and (self.job.init_from is None or self.job.init_weights_only):
+            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
             return
-        state = checkpoint.load(source, self.model, self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
+        candidates = own or [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+        restored = self.restore(candidates)
+        if restored is None:
+            raise checkpoint.CorruptCheckpoint(
+                f"no checkpoint of {self.ctx.output if own else self.job.init_from} verifies (refused: "
+                f"{', '.join(f'step-{n}' for n in sorted(self.refused))}; the lines above say why); delete them to "
+                f"start over")
+        source, state = restored
         self.step, self.tokens = state["step"], state["tokens"]
-        checkpoint.restore_rng(state, self.rank)
         self.spikes.load_state_dict(state.get("spikes") or {})
         if self.step < self.job.start:
-            raise RuntimeError(f"checkpoint {source} is at step {self.step}, before this phase's first step "
+            raise RuntimeError(f"checkpoint {source.url} is at step {self.step}, before this phase's first step "
                                f"{self.job.start}")
         if self.main:
-            self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source, self.step)
+            self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source.url, self.step)
+
+    def restore(self, candidates: list[checkpoint.Found]) -> tuple[checkpoint.Found, dict[str, Any]] | None:
+        """Load the newest of `candidates` that verifies (model, optimizer, scheduler, RNG) and
+        return it with its train state; None when none does. A refused checkpoint is said in one
+        line and never tried again by this attempt (until it is saved anew)."""
+        loaded = None  # a refused state already copied into the model
+        for found in reversed(candidates):
+            if found.step in self.refused:
+                continue
+            try:
+                state = checkpoint.load(found.url, self.model, self.optimizer)
+            except checkpoint.CorruptCheckpoint as e:
+                self.refused.add(found.step)
+                loaded = e if e.loaded else loaded
+                if self.main:
+                    self.ctx.logger.error("%s: %s; falling back to an older checkpoint", self.ctx.name, e)
+                continue
+            self.scheduler.load_state_dict(state["scheduler"])
+            checkpoint.restore_rng(state, self.rank)
+            return found, state
+        if loaded is not None:  # the model holds the refused state now: this attempt cannot go on
+            raise loaded
+        return None
 
     def train_step(self, health: bool = False) -> StepResult:
         """One optimizer step; adds (ce, router loss, 1) per micro-batch to the report's sums.
@@ -298,15 +328,16 @@ class Trainer:
         spike, first = self.step, self.spikes.spike_start
         self.saver.finish()
         good = [f for f in checkpoint.list_checkpoints(self.ctx.output) if f.step <= first]
-        source = good[-1].url if good else (self.job.init_from if not self.job.init_weights_only else None)
-        if source is None:  # nothing to go back to yet: the outliers stay skipped updates
-            self.spikes.not_rewound("no checkpoint before the spike to rewind to")
+        if not good and self.job.init_from is not None and not self.job.init_weights_only:
+            good = [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+        restored = self.restore(good)  # never a checkpoint that failed verification
+        if restored is None:  # nothing to go back to: the outliers stay skipped updates
+            self.spikes.not_rewound("no checkpoint before the spike to rewind to" if not good else
+                                    "no verified checkpoint before the spike to rewind to")
             self.scheduler.step()
             return
-        state = checkpoint.load(source, self.model, self.optimizer)
-        to_step = state["step"]
-        self.scheduler.load_state_dict(state["scheduler"])
-        checkpoint.restore_rng(state, self.rank)
+        to_step = restored[1]["step"]
+        state = restored[1]
         self.spikes.rewound(to_step, spike, state.get("spikes"))
         self.tokens = state["tokens"]
         # on from the step after the spike, at that step's learning rate
@@ -344,6 +375,7 @@ class Trainer:
 
     def save(self) -> None:
         job, cfg, row, started = self.job, self.cfg, self.report.row, self.started
+        self.refused.discard(self.step)  # saved anew
         train = {"step": self.step, "tokens": self.tokens, "scheduler": self.scheduler.state_dict(),
                  "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size},
                  "spikes": self.spikes.state_dict()}

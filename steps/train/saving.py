@@ -8,7 +8,10 @@ that marker only when everything before it holds:
 2. **uploaded**: DCP's save returned (sync) or its future completed (async);
 3. **verified readable**: DCP's `.metadata` reads back and names every tensor of the state, every
    data file is as long as the items it must hold, and a sample of tensors (a different sample at each step, so that over a run every tensor is read
-   back) loads from the store with the same bytes (sha256) as the state had when it was saved.
+   back) loads from the store with the same bytes (sha256) as the state had when it was saved;
+4. **recorded**: the size and sha256 of every file go into meta.json's `files`, which every load
+   checks (steps/train/checkpoint.py). Each rank hashes the files it wrote: with async saves in a
+   thread of its own once its upload is done, so the digests cost training no stall.
 
 Async (`trainer.async_checkpoint`): DCP's `async_save` stages the state into host memory (pinned
 on CUDA) before it returns, so training waits for that copy only; the upload runs in DCP's
@@ -30,6 +33,7 @@ import logging
 import pickle
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,36 +46,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from executor import LeaseLost, NonFinite, write_atomic
 from steps.train import checkpoint
-from steps.train.checkpoint import META, RUN, Writer
+from steps.train.checkpoint import FILES, META, RUN, Writer, non_finite  # noqa: F401  (non_finite: saving's API)
+from steps.train.checkpoint import flat_tensors as _tensors
 from steps.train.checkpoint_policy import CheckpointConfig
 from steps.train.ranks import barrier, is_main, local, reduce_int, rng_state
 
 log = logging.getLogger("marin.train")
 SAMPLED = 4  # tensors read back per checkpoint
-
-
-def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
-    """Flattened `a.b.c` -> tensor of a nested state dict (DCP's own key order)."""
-    out: dict[str, torch.Tensor] = {}
-    for k, v in state.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_tensors(v, key + "."))
-        elif isinstance(v, torch.Tensor):
-            out[key] = v
-    return out
-
-
-def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
-    names = [k for k, t in tensors.items() if t.is_floating_point() and local(t).numel()]
-    if not names:  # the same keys on every rank: all of them return here, or none
-        return []
-    flags = torch.stack([~torch.isfinite(local(tensors[k])).all() for k in names]).to(torch.int32)
-    if dist.is_initialized():
-        flags = flags.cpu() if dist.get_backend() == "gloo" else flags
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [k for k, bad in zip(names, flags.tolist()) if bad]
 
 
 def checksum(t: torch.Tensor) -> str:
@@ -179,6 +160,8 @@ class Saver:
         # training thread's on one group: async saves get a gloo group of their own (a collective
         # to create, so every rank builds its Saver at the same point), as torchtitan does.
         self.group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="marin-checkpoint-digest") if async_save else None
 
     def due(self, step: int) -> bool:
         """Whether checkpoint step-`step` is saved (the policy's cadence)."""
@@ -216,9 +199,10 @@ class Saver:
         if self.async_save and not dist.is_initialized():  # the upload thread warns after the context is gone
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         with checkpoint._single_process_ok():
-            if self.async_save:
-                pending.future = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
-                                                process_group=self.group, no_dist=not dist.is_initialized())
+            if self.async_save:  # this rank's files are hashed in the background once uploaded: no stall
+                upload = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
+                                        process_group=self.group, no_dist=not dist.is_initialized())
+                pending.future = self._hasher.submit(_digests_after, upload, url, self.rank)
             else:
                 dcp.save(full, storage_writer=writer, no_dist=not dist.is_initialized())
         pending.stall_s = time.perf_counter() - t0
@@ -247,11 +231,20 @@ class Saver:
         p, self.pending = self.pending, None
         if p is None:
             return None
-        if p.future is not None:
-            p.future.result()  # raises what the upload raised: the checkpoint never counts
+        if p.future is not None:  # raises what the upload raised: the checkpoint never counts
+            digests = p.future.result()
+        else:
+            digests = _digests_after(None, p.url, self.rank)
         barrier()
         with checkpoint._single_process_ok():
             verify(p.url, p.expected, p.sums)
+        if dist.is_initialized():
+            every: list[dict[str, Any]] = [{}] * dist.get_world_size()
+            dist.all_gather_object(every, digests)
+            digests = {k: v for d in every for k, v in d.items()}
+        if self.main:  # written by rank 0 once every rank's upload was done
+            digests[".metadata"] = checkpoint.file_digest(f"{p.url}/.metadata")
+        p.meta[FILES] = dict(sorted(digests.items()))
         run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
                                           "upload_s": time.perf_counter() - p.started})
 
@@ -263,6 +256,14 @@ class Saver:
         agreed(self.fence, f"marking checkpoint step-{p.step} complete", mark)
         barrier()
         return p.step
+
+
+def _digests_after(upload: Any, url: str, rank: int) -> dict[str, Any]:
+    """Once `upload` (an async save's future; None: done) is done, the size and sha256 of the
+    data files this rank wrote: recorded in meta.json, checked on every load."""
+    if upload is not None:
+        upload.result()
+    return {name: checkpoint.file_digest(f"{url}/{name}") for name in checkpoint.rank_files(url, rank)}
 
 
 def _stager(device: torch.device) -> Any:

@@ -130,13 +130,18 @@ def test_eval_refuses_a_checkpoint_that_gives_non_finite_results(clean, tmp_path
     model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
     opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
     state = checkpoint.load(found.url, model, opt)
-    with torch.no_grad():
-        model.head.weight.fill_(float("nan"))
-    meta = checkpoint.read_meta(found.url)
+    meta = {k: v for k, v in checkpoint.read_meta(found.url).items() if k != "files"}  # no digests recorded
+    with torch.no_grad():  # finite weights whose logits overflow
+        model.head.weight.copy_((torch.rand_like(model.head.weight) * 2 - 1) * 3e38)
     checkpoint.save(found.url, model, opt, {k: v for k, v in state.items() if k != "rng"}, meta)
     with pytest.raises(NonFinite, match=r"non-finite results at .*loss"):
         run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
     assert not (tmp_path / "eval/results.json").exists()
+    with torch.no_grad():  # NaN weights: refused on load, before any result
+        model.head.weight.fill_(float("nan"))
+    checkpoint.save(found.url, model, opt, {k: v for k, v in state.items() if k != "rng"}, meta)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=r"refused: .*finiteness check: model\.head\.weight"):
+        run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
 
 
 def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
@@ -166,3 +171,52 @@ def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one
     assert again.results["spike_events"] == events
     (s1, w1), (s2, w2) = _state(run.output), _state(again.output)
     assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def _corrupt(url):
+    """Four weights' worth of bytes (16) in the middle of a checkpoint's data file set to 1e30,
+    written from outside."""
+    import struct
+
+    with open(f"{url}/__0_0.distcp", "r+b") as f:
+        f.seek(os.path.getsize(f"{url}/__0_0.distcp") // 2)
+        f.write(struct.pack("<4f", *[1e30] * 4))
+
+
+def test_a_corrupt_newest_checkpoint_is_refused_and_the_run_resumes_from_the_previous_one(mix, clean, tmp_path, caplog):
+    cfg = _config(mix)
+    killed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=16))
+    with pytest.raises(Killed):
+        run_step(pretrain, killed, tmp_path / "pre", name="pre")
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path / "pre"))] == [5, 10, 15]
+    _corrupt(checkpoint.folder(str(tmp_path / "pre"), 15))
+    with caplog.at_level("INFO", logger="marin"):
+        again = run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    said = [r.getMessage() for r in caplog.records]
+    refused = [m for m in said if "refused" in m]
+    assert len(refused) == 1 and "step-15 refused: __0_0.distcp: digest check" in refused[0], refused
+    assert any("resumed from" in m and m.rstrip().endswith("(step 10)") for m in said), said
+    (s1, w1), (s2, w2) = _state(clean.output), _state(again.output)
+    assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)  # as if nothing had happened
+
+
+def test_a_refused_checkpoint_is_never_tried_twice(mix, clean, tmp_path, caplog):
+    import shutil
+
+    from executor import StepContext
+    from steps.train.loop import Trainer
+    from steps.train.pretrain import prepare
+
+    shutil.copytree(clean.output, tmp_path / "pre")
+    _corrupt(checkpoint.folder(str(tmp_path / "pre"), 20))
+    ctx = StepContext(name="pre", output=str(tmp_path / "pre"), digest="0" * 64)
+    trainer = Trainer(prepare(_config(mix), ctx, "pretrain"))
+    try:
+        found = [f for f in checkpoint.list_checkpoints(ctx.output) if f.step <= 20]  # what a rewind at 20 may use
+        with caplog.at_level("INFO", logger="marin"):
+            first = trainer.restore(found)
+            second = trainer.restore(found)
+        assert first[0].step == second[0].step == 15 and trainer.refused == {20}
+        assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1  # verified once, refused once
+    finally:
+        trainer.close()
