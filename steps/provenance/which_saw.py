@@ -93,7 +93,13 @@ class Training:
 
     @property
     def holds(self) -> bool:
-        return bool(self.steps) or self.made_from is not None
+        return bool(self.trained) or self.made_from is not None
+
+    @property
+    def trained(self) -> list[int]:
+        """Of `steps`, those whose batch was trained on (not skipped by the spike guard)."""
+        dropped = {n for n, _ in self.skipped}
+        return [n for n in self.steps if n not in dropped]
 
 
 @dataclass
@@ -349,7 +355,7 @@ def _descendants(plan: Plan, mixture: dict[str, Any], training: list[Training]) 
         except Exception:  # a training step of another mixture: its checkpoints are read, not predicted
             return None
 
-    held = holdings(plan, {t.step: (t.steps[0] if t.steps else None) for t in training}, checkpoints_in, phase_end)
+    held = holdings(plan, {t.step: (t.trained[0] if t.trained else None) for t in training}, checkpoints_in, phase_end)
     out = []
     for name, h in held.items():
         t = by_name.get(name)
@@ -542,14 +548,15 @@ def _training(plan: Plan, node: Any, mixture: dict[str, Any], sequences: list[in
     start, end = phases(mixture, batch).range_of(phase)
     steps = sorted({i // batch for i in sequences if start <= i // batch < end})
     decision = plan[node.name]
-    first = None
-    if steps:
-        first = CheckpointConfig.of(cfg.trainer, end).first_after(steps[0])
-    now, skipped = [], []
+    have, skipped = [], []
     if steps and decision.status is not None:
         have = checkpoints_in(plan.path(node))
-        now = [n for n in have if n > steps[0]]
         skipped = skipped_steps(folder(plan.path(node), have[-1]), steps) if have else []
+    # a step the spike guard skipped read the document but trained nothing on it: no checkpoint
+    # holds it because of that step
+    trained = [n for n in steps if n not in {k for k, _ in skipped}]
+    first = CheckpointConfig.of(cfg.trainer, end).first_after(trained[0]) if trained else None
+    now = [n for n in have if trained and n > trained[0]]
     return Training(step=node.name, phase=phase, state=str(decision.state), steps=steps, phase_steps=(start, end),
                     first_checkpoint=first, checkpoints_now=now, skipped=skipped)
 

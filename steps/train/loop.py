@@ -47,7 +47,7 @@ from steps.train.health import row as health_row
 from steps.train.faults import Faults, Killed  # noqa: F401  (Killed: the tests' import)
 from steps.train.reporting import Reporter
 from steps.train.saving import Saver, agreed
-from steps.train.spikes import OK, REWIND, SpikeGuard
+from steps.train.spikes import DROP, OK, REWIND, SKIP, SpikeGuard
 from steps.train.watchdog import Watchdog
 from steps.train.parallel import arrange, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import flops_per_token, peak_flops
@@ -237,8 +237,13 @@ class Trainer:
 
     def train_step(self, health: bool = False) -> StepResult:
         """One optimizer step; adds (ce, router loss, 1) per micro-batch to the report's sums.
-        Raises NonFinite, before any update, when the loss or the gradient norm is not finite."""
+        Raises NonFinite, before any update, when the loss or the gradient norm is not finite. A
+        step whose data a rewind dropped reads nothing and only moves the schedule (DROP)."""
         self.faults.before_step(self.step)
+        if self.spikes.dropping(self.step):
+            lr = self.scheduler.get_last_lr()[0]
+            self.scheduler.step()
+            return StepResult(lr, torch.zeros(()), DROP, False)
         micro = self.faults.batch(self.step, self.batches.step(self.step))
         # the mean over micro-batches, and over ranks when the component sums gradients (FSDP)
         divisor = len(micro) * self.parallel.loss_divisor
@@ -274,19 +279,24 @@ class Trainer:
     def end_step(self, result: StepResult, watchdog: Watchdog, progress: Any) -> None:
         """After every optimizer step, whatever the guard decided: the expert bias (moved by an
         update only), the counters, the metrics row, the checkpoint the saver's cadence asks for,
-        and the fault knobs. A rewind goes back first; its step makes no row."""
+        and the fault knobs. A rewind goes back to a checkpoint and returns; a rewind with
+        nothing to go back to ends as a skipped update; a dropped step makes no row."""
         load_LE = torch.stack([m.expert_load_E for m in self.layers]).clone() if result.logged else None
-        if result.verdict == REWIND:
+        verdict = result.verdict
+        if verdict == REWIND:
             with watchdog.paused():
-                self.rewind()
-            self.report.restart(self.tokens)
-        else:
-            self.balance(updated=result.verdict == OK)
-            self.trained += 1
+                went_back = self.rewind()
+            if went_back:
+                self.report.restart(self.tokens)
+                return
+            verdict = SKIP
+        self.balance(updated=verdict == OK)
+        self.trained += 1
+        if verdict != DROP:  # a dropped step's data was never read
             self.tokens += self.cfg.data.batch_size * self.context
         self.step += 1
         progress.update(1)
-        if result.logged and result.verdict != REWIND:
+        if result.logged and result.verdict == verdict != DROP:
             rate = self.report.rate(self.tokens)
             row = self.metrics_row(load_LE, result.lr, result.grad_norm, rate)
             self.report.write(row, progress.line())
@@ -296,8 +306,7 @@ class Trainer:
                 self.save()
             self.report.flush()
         self.saver.poll()
-        if result.verdict != REWIND:
-            self.faults.after_step(self.trained, self.step, self.job.end)
+        self.faults.after_step(self.trained, self.step, self.job.end)
 
     def watch_drops(self, row: dict[str, Any]) -> None:
         """The largest share of token-expert assignments a capacity dropped in a row of this
@@ -321,11 +330,13 @@ class Trainer:
             for m in self.layers:
                 m.expert_load_E.zero_()
 
-    def rewind(self) -> None:
-        """A sustained spike at this step: back to the newest checkpoint at or before its first
-        outlier, then on from the step after the spike (its data window is never trained on)."""
+    def rewind(self) -> bool:
+        """A sustained spike at this step (steps/train/spikes.py): back to the newest verified
+        checkpoint at or before the first step whose data is dropped, to train again from there
+        (the guard drops the data of the lead-in and the outliers when training reaches them).
+        False when there is nothing to go back to: the outlier stays a skipped update."""
         t0 = time.perf_counter()
-        spike, first = self.step, self.spikes.spike_start
+        spike, first = self.step, self.spikes.drop_from()
         self.saver.finish()
         good = [f for f in checkpoint.list_checkpoints(self.ctx.output) if f.step <= first]
         if not good and self.job.init_from is not None and not self.job.init_weights_only:
@@ -335,20 +346,19 @@ class Trainer:
             self.spikes.not_rewound("no checkpoint before the spike to rewind to" if not good else
                                     "no verified checkpoint before the spike to rewind to")
             self.scheduler.step()
-            return
-        to_step = restored[1]["step"]
+            return False
         state = restored[1]
-        self.spikes.rewound(to_step, spike, state.get("spikes"))
-        self.tokens = state["tokens"]
-        # on from the step after the spike, at that step's learning rate
-        self.scheduler.last_epoch = spike
-        self.scheduler.step()
-        for m in self.layers:  # the loads counted since the checkpoint are of skipped data
+        to_step = state["step"]
+        self.spikes.rewound(to_step, spike)
+        self.step, self.tokens = to_step, state["tokens"]  # the scheduler is the checkpoint's
+        for m in self.layers:  # the loads counted since the checkpoint are trained again or dropped
             m.expert_load_E.zero_()
         self.rewinds.append(time.perf_counter() - t0)
         if self.main:
-            self.ctx.logger.warning("%s: sustained spike at step %d (from step %d): rewound to step-%d, data of "
-                                    "steps %d..%d skipped", self.ctx.name, spike, first, to_step, to_step, spike)
+            self.ctx.logger.warning("%s: sustained spike at step %d: rewound to step-%d; steps %d..%d are trained "
+                                    "again, the data of steps %d..%d dropped", self.ctx.name, spike, to_step, to_step,
+                                    first - 1, first, spike)
+        return True
 
     def metrics_row(self, load_LE: torch.Tensor, lr: float, grad_norm: torch.Tensor, rate: float) -> dict[str, Any]:
         """The metrics.jsonl row (a collective when distributed: every rank calls it)."""

@@ -144,29 +144,45 @@ def test_eval_refuses_a_checkpoint_that_gives_non_finite_results(clean, tmp_path
         run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
 
 
-def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
+def test_a_poisoned_stretch_is_skipped_step_by_step_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
     assert "spike_events" not in clean.results  # no false alarm on a clean run
-    poisoned = _config(mix, poison_steps=(14, 17))
-    run = run_step(pretrain, poisoned, tmp_path / "poisoned", name="pre")
+    run = run_step(pretrain, _config(mix, poison_steps=(14, 17)), tmp_path / "poisoned", name="pre")
     events = run.results["spike_events"]
     kinds = [(e["step"], e["kind"]) for e in events]
-    assert kinds == [(14, "skip"), (15, "skip"), (16, "rewind")], kinds  # only the poisoned steps
-    assert events[2]["to_step"] == 10 and events[2]["skipped"] == [10, 16]
+    # only the poisoned steps, each judged against the window from before the stretch; nothing of
+    # them reached the weights, so no rewind throws good steps away
+    assert kinds == [(14, "skip"), (15, "skip"), (16, "skip")], kinds
     assert abs(run.results["loss"] - clean.results["loss"]) < 0.3, (run.results["loss"], clean.results["loss"])
-    assert run.provenance["tokens"]["skipped_steps"] == [[14, 14, "skip"], [15, 15, "skip"], [10, 16, "rewind"]]
+    assert run.provenance["tokens"]["skipped_steps"] == [[14, 14, "skip"], [15, 15, "skip"], [16, 16, "skip"]]
     rows = [json.loads(line) for line in open(tmp_path / "poisoned/metrics.jsonl")]
     assert any(r.get("events") for r in rows)  # marked in the curve the live page draws
-    assert trained_ranges(0, 21, events) == [(0, 10), (17, 21)]
-    # --which-saw reads the same events from the newest checkpoint
     from steps.provenance.which_saw import skipped_steps
 
     newest = checkpoint.list_checkpoints(run.output)[-1].url
-    assert skipped_steps(newest, [9, 10, 14, 16, 17]) == [(10, "rewind"), (14, "rewind"), (16, "rewind")]
+    assert skipped_steps(newest, [13, 14, 16, 17]) == [(14, "skip"), (16, "skip")]
+
+
+def test_a_spike_that_goes_on_is_rewound_its_data_dropped_and_the_good_steps_trained_again(mix, clean, tmp_path):
+    poisoned = _config(mix, poison_steps=(12, 18))  # 6 steps: 2 x sustained outliers in a row
+    run = run_step(pretrain, poisoned, tmp_path / "poisoned", name="pre")
+    events = run.results["spike_events"]
+    kinds = [(e["step"], e["kind"]) for e in events]
+    assert kinds == [(n, "skip") for n in range(12, 17)] + [(17, "rewind")], kinds
+    # back to step-10; step 10 trained again, the data of 11 (the last update before the spike)
+    # through 17 dropped, nothing more
+    assert events[-1]["to_step"] == 10 and events[-1]["skipped"] == [11, 17]
+    assert trained_ranges(0, 21, events) == [(0, 11), (18, 21)]
+    assert abs(run.results["loss"] - clean.results["loss"]) < 0.3, (run.results["loss"], clean.results["loss"])
+    from steps.provenance.which_saw import skipped_steps
+
+    newest = checkpoint.list_checkpoints(run.output)[-1].url
+    assert skipped_steps(newest, [10, 11, 14, 17, 18]) == [(11, "rewind"), (14, "rewind"), (17, "rewind")]
 
     # deterministic: killed after the rewind, resumed from step-20: the same events, the same bits
-    killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=19))
+    killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=27))
     with pytest.raises(Killed):
         run_step(pretrain, killed, tmp_path / "resumed", name="pre")
+    assert checkpoint.list_checkpoints(str(tmp_path / "resumed"))[-1].step == 20
     again = run_step(pretrain, poisoned, tmp_path / "resumed", name="pre")
     assert again.results["spike_events"] == events
     (s1, w1), (s2, w2) = _state(run.output), _state(again.output)
