@@ -180,6 +180,7 @@ class Trainer:
         self.trained = 0  # optimizer steps of this attempt that were not rewound over
         self.started = time.time()
         self.report: Reporter | None = None  # built when training starts
+        self.furthest = job.start  # the furthest step reached (progress)
 
     def resume(self) -> None:
         """From this step's own newest checkpoint that verifies (an older one when the newest is
@@ -295,7 +296,9 @@ class Trainer:
         if verdict != DROP:  # a dropped step's data was never read
             self.tokens += self.cfg.data.batch_size * self.context
         self.step += 1
-        progress.update(1)
+        if self.step > self.furthest:  # steps trained again after a rewind are not progress
+            progress.update(self.step - self.furthest)
+            self.furthest = self.step
         if result.logged and result.verdict == verdict != DROP:
             rate = self.report.rate(self.tokens)
             row = self.metrics_row(load_LE, result.lr, result.grad_norm, rate)
@@ -413,6 +416,7 @@ class Trainer:
             ctx.logger.info("%s: %s steps %d..%d on %d worker(s), %s; ready %.1fs after the step started", ctx.name,
                             job.phase, self.step, job.end, self.world, self.device, self.started - job.created)
         self.model.train()
+        self.furthest = self.step
         progress_of = ctx.progress if self.main else _SilentProgress
         hang_log = ctx.path(f"logs/hang-attempt{ctx.attempt}-rank{self.rank}.txt")
         try:
