@@ -22,9 +22,25 @@ text (a result that came back from a dead worker).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
-LOST_NODE, HANG, NON_FINITE, OOM, CODE_ERROR = "lost_node", "hang", "non_finite", "oom", "code_error"
-CLASSES = (LOST_NODE, HANG, NON_FINITE, OOM, CODE_ERROR)
+if TYPE_CHECKING:
+    from executor.step import RetryPolicy
+
+
+class FailureClass(StrEnum):
+    """Why an attempt ended (a str: records and summaries hold its value, `"hang"`)."""
+
+    LOST_NODE = "lost_node"
+    HANG = "hang"
+    NON_FINITE = "non_finite"
+    OOM = "oom"
+    CODE_ERROR = "code_error"
+
+
+LOST_NODE, HANG, NON_FINITE, OOM, CODE_ERROR = FailureClass
+CLASSES = tuple(FailureClass)
 
 # Exception type names (anywhere in the MRO) that say the node or worker went away.
 # LocalRayletDiedError: the raylet the driver talks to died (a removed node; found by bench/chaos.py).
@@ -58,11 +74,11 @@ class LeaseLost(StepFailure):
     failure_class = LOST_NODE  # its executor stopped renewing: as if its node had gone
 
 
-def classify(error: BaseException) -> str:
-    """The failure class of an exception (one of CLASSES)."""
+def classify(error: BaseException) -> FailureClass:
+    """The failure class of an exception."""
     named = getattr(error, "failure_class", None)
     if named in CLASSES:
-        return named
+        return FailureClass(named)
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         return LOST_NODE  # SIGTERM/SIGINT: the node is being taken away
     names = {t.__name__ for t in type(error).__mro__}
@@ -72,11 +88,11 @@ def classify(error: BaseException) -> str:
         return LOST_NODE
     cause = error.__cause__ or error.__context__
     if cause is not None and cause is not error and getattr(cause, "failure_class", None) in CLASSES:
-        return cause.failure_class
+        return FailureClass(cause.failure_class)
     return CODE_ERROR
 
 
-def classify_text(error: str | None) -> str:
+def classify_text(error: str | None) -> FailureClass:
     """The failure class of an error known only as `"TypeName: message"`."""
     head = (error or "").split(":", 1)[0].strip()
     if head in ("Hang",):
@@ -112,19 +128,21 @@ DEFAULT_BUDGETS = {LOST_NODE: Budget(3, 5.0), HANG: Budget(2, 1.0), NON_FINITE: 
                    OOM: Budget(1, 10.0), CODE_ERROR: Budget(0)}
 
 
-def budget_for(policy: object, failure: str) -> Budget:
-    """The budget a step's RetryPolicy gives a class: its `budgets` override, else the default;
-    a code error gets `max_attempts - 1` retries when the policy sets `on_exception`."""
-    overrides = dict(getattr(policy, "budgets", ()) or ())
+def budget_for(policy: RetryPolicy, failure: str) -> Budget:
+    """The budget a step's RetryPolicy gives a class (a FailureClass or its value): its `budgets`
+    override, else the default; a code error gets `max_attempts - 1` retries when the policy sets
+    `on_exception`."""
+    failure = FailureClass(failure)
+    overrides = dict(policy.budgets)
     if failure in overrides:
         found = overrides[failure]
         return found if isinstance(found, Budget) else Budget(int(found))
-    if failure == CODE_ERROR and getattr(policy, "on_exception", False):
-        return Budget(max(int(getattr(policy, "max_attempts", 1)) - 1, 0))
+    if failure == CODE_ERROR and policy.on_exception:
+        return Budget(max(int(policy.max_attempts) - 1, 0))
     return DEFAULT_BUDGETS[failure]
 
 
-def should_retry(policy: object, failure: str, counts: dict[str, int]) -> float | None:
+def should_retry(policy: RetryPolicy, failure: str, counts: dict[str, int]) -> float | None:
     """Seconds to wait before retrying a step that failed with class `failure` (None: do not
     retry); `counts` holds the retries already spent per class and is updated."""
     budget = budget_for(policy, failure)

@@ -121,7 +121,8 @@ class RetryPolicy:
             object.__setattr__(self, "budgets", tuple(sorted(self.budgets.items())))
         unknown = sorted({name for name, _ in self.budgets} - set(CLASSES))
         if unknown:
-            raise VoyageError(f"RetryPolicy.budgets: unknown failure classes {unknown}; known: {list(CLASSES)}")
+            raise VoyageError(f"RetryPolicy.budgets: unknown failure classes {unknown}; known: "
+                              f"{[str(c) for c in CLASSES]}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -74,6 +74,7 @@ def export_hf(config: ExportHFConfig, ctx: StepContext) -> None:
 
     found = checkpoint.resolve(config.checkpoint, "checkpoint")
     meta = checkpoint.read_meta(found.url)
+    checkpoint.verify_files(found.url, meta)  # sizes and digests (finiteness: as each tensor is read)
     data = training_data_tokens(meta, found.url)
     tokenizer = config.tokenizer or data.get("tokenizer")
     if not tokenizer:
@@ -188,6 +189,11 @@ def export_folder(checkpoint_url: str, out: str, *, model_config: Any, tokenizer
             if piece.fqn != held_fqn:
                 held = None  # drop the last tensor before reading the next
                 held_fqn, held = piece.fqn, reader.load(piece.fqn)
+                if held.is_floating_point() and not torch.isfinite(held).all():  # verified on load
+                    from steps.train.checkpoint import CorruptCheckpoint
+
+                    raise CorruptCheckpoint(f"checkpoint {checkpoint_url} refused: {piece.fqn}: finiteness check: it "
+                                            f"holds NaN or infinite values")
             yield held if piece.expert is None else held[piece.expert]  # write_file converts to entry.dtype
 
     stream = tensors()

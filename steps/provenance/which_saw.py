@@ -22,9 +22,9 @@ plan's prefix (a copied prefix answers from the copy):
    sequences that read it, by the sampler's arithmetic backwards (no scan of batches).
 5. **training**: optimizer step s reads sequences s*B .. s*B+B-1; pretrain owns steps
    [0, switch), midtrain [switch, total). A step is in checkpoint `step-N` for every N > s, and the
-   first checkpoint written that holds it is the first N > s that the trainer's schedule saves
-   (a multiple of `checkpoint_every` or `permanent_every`, or the phase's last step); the
-   checkpoints still in the output are listed too.
+   first checkpoint written that holds it is the first N > s that the trainer's cadence saves
+   (`CheckpointConfig.first_after`, steps/train/checkpoint_policy.py, which the trainer itself
+   uses); the checkpoints still in the output are listed too.
 6. **descendants** (steps/provenance/holders.py): a checkpoint or folder made from one that holds
    the document holds it too: midtrain started from pretrain (`init_from`), the Hugging Face
    export of a checkpoint, an import of that export, and so on down the DAG. "Never" is said
@@ -44,8 +44,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
-import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +54,8 @@ from steps.data.formats import MANIFEST, document_shards, join, open_lines, read
 from steps.data.mixture import MixtureSampler, load_mixture
 from steps.provenance.holders import TRAINING_TYPES, Holding, Parent, holdings
 from steps.provenance.inverse import MixtureInverse
+from steps.train.checkpoint_policy import META, CheckpointConfig, folder, list_checkpoints
+from steps.train.spikes import REWIND, skipped_ranges
 
 EXAMPLE = "kjv:kjv/Ge1"  # a real query of the laptop voyage: source kjv, document id "kjv/Ge1"
 
@@ -93,7 +93,13 @@ class Training:
 
     @property
     def holds(self) -> bool:
-        return bool(self.steps) or self.made_from is not None
+        return bool(self.trained) or self.made_from is not None
+
+    @property
+    def trained(self) -> list[int]:
+        """Of `steps`, those whose batch was trained on (not skipped by the spike guard)."""
+        dropped = {n for n, _ in self.skipped}
+        return [n for n in self.steps if n not in dropped]
 
 
 @dataclass
@@ -349,7 +355,7 @@ def _descendants(plan: Plan, mixture: dict[str, Any], training: list[Training]) 
         except Exception:  # a training step of another mixture: its checkpoints are read, not predicted
             return None
 
-    held = holdings(plan, {t.step: (t.steps[0] if t.steps else None) for t in training}, checkpoints_in, phase_end)
+    held = holdings(plan, {t.step: (t.trained[0] if t.trained else None) for t in training}, checkpoints_in, phase_end)
     out = []
     for name, h in held.items():
         t = by_name.get(name)
@@ -359,9 +365,8 @@ def _descendants(plan: Plan, mixture: dict[str, Any], training: list[Training]) 
             continue
         if h.parent is not None:
             t.made_from = h.parent
-            cfg = plan.dag[name].step.config.trainer
-            t.first_checkpoint = first_saved(t.phase_steps[0], t.phase_steps[1], cfg.checkpoint_every,
-                                             cfg.permanent_every)
+            policy = CheckpointConfig.of(plan.dag[name].step.config.trainer, t.phase_steps[1])
+            t.first_checkpoint = policy.first_after(t.phase_steps[0])
             t.checkpoints_now = h.checkpoints_now
     return out
 
@@ -543,14 +548,15 @@ def _training(plan: Plan, node: Any, mixture: dict[str, Any], sequences: list[in
     start, end = phases(mixture, batch).range_of(phase)
     steps = sorted({i // batch for i in sequences if start <= i // batch < end})
     decision = plan[node.name]
-    first = None
-    if steps:
-        first = first_saved(steps[0], end, cfg.trainer.checkpoint_every, cfg.trainer.permanent_every)
-    now, skipped = [], []
+    have, skipped = [], []
     if steps and decision.status is not None:
         have = checkpoints_in(plan.path(node))
-        now = [n for n in have if n > steps[0]]
-        skipped = skipped_steps(join(plan.path(node), "checkpoints", f"step-{have[-1]}"), steps) if have else []
+        skipped = skipped_steps(folder(plan.path(node), have[-1]), steps) if have else []
+    # a step the spike guard skipped read the document but trained nothing on it: no checkpoint
+    # holds it because of that step
+    trained = [n for n in steps if n not in {k for k, _ in skipped}]
+    first = CheckpointConfig.of(cfg.trainer, end).first_after(trained[0]) if trained else None
+    now = [n for n in have if trained and n > trained[0]]
     return Training(step=node.name, phase=phase, state=str(decision.state), steps=steps, phase_steps=(start, end),
                     first_checkpoint=first, checkpoints_now=now, skipped=skipped)
 
@@ -559,44 +565,22 @@ def skipped_steps(checkpoint_url: str, steps: list[int]) -> list[tuple[int, str]
     """Of `steps`, those the spike guard skipped, by its events in a checkpoint's meta.json (the
     newest: it carries every event of the run so far)."""
     try:
-        events = read_json(join(checkpoint_url, "meta.json")).get("spike_events") or []
+        events = read_json(join(checkpoint_url, META)).get("spike_events") or []
     except FileNotFoundError:
         return []
     why: dict[int, str] = {}
-    for e in events:
-        if e.get("kind") == "rewind" and "skipped" in e:
-            for n in range(e["skipped"][0], e["skipped"][1] + 1):
-                why[n] = "rewind"
-        elif e.get("kind") == "skip":
-            why.setdefault(e["step"], "skip")
+    for first, last, kind in skipped_ranges(events):
+        for n in range(first, last + 1):
+            if kind == REWIND:
+                why[n] = REWIND
+            else:
+                why.setdefault(n, kind)
     return [(n, why[n]) for n in steps if n in why]
 
 
-def first_saved(step: int, end: int, every: int, permanent: int) -> int:
-    """The first checkpoint the trainer writes after optimizer step `step` is done: step-N for the
-    least N > step that is a multiple of `checkpoint_every` or `permanent_every`, or the phase's
-    last step (steps/train/loop.py)."""
-    n = step + 1
-    options = [end]
-    for k in (every, permanent):
-        if k:
-            options.append(math.ceil(n / k) * k)
-    return min(o for o in options if o >= n)
-
-
 def checkpoints_in(output: str) -> list[int]:
-    """The complete checkpoints (`checkpoints/step-N` with a meta.json) of a training output."""
-    fs, path = url_fs(join(output, "checkpoints"))
-    try:
-        names = fs.ls(path, detail=False)
-    except FileNotFoundError:
-        return []
-    steps = []
-    for name in names:
-        base = posixpath.basename(name.rstrip("/"))
-        if base.startswith("step-") and base[5:].isdigit() and fs.exists(posixpath.join(name, "meta.json")):
-            steps.append(int(base[5:]))
-    return sorted(steps)
+    """The steps of the complete checkpoints of a training output."""
+    return [f.step for f in list_checkpoints(output)]
 
 
 def first_ids(shards: list[str], n: int) -> list[str]:

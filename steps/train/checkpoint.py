@@ -1,6 +1,7 @@
 """Checkpoints: torch.distributed.checkpoint (DCP) folders on any fsspec URL.
 
-Layout, under a training step's output:
+Layout, under a training step's output (the folder names, the cadence and retention:
+steps/train/checkpoint_policy.py, torch-free):
 
     checkpoints/step-N/        N optimizer steps done
         .metadata, __R_0.distcp   DCP: "model" and "optim" (FQN-keyed, so any world size or
@@ -10,7 +11,8 @@ Layout, under a training step's output:
                                 its timings, start-up time, wall clock, the mesh and the nodes
                                 its ranks ran on): a log of the step, out of its output digest
         meta.json               written last, by rank 0: step, tokens, model config, mixture,
-                                batch size, world size, schedule
+                                batch size, world size, schedule, and `files`: the size and
+                                sha256 of every file DCP wrote (steps/train/saving.py)
 
 Everything but run.json is a function of the step's identity and the mesh: DCP's own metadata
 would carry a fresh uuid and the folder's path per save, so `Writer` leaves them out, and an
@@ -20,19 +22,25 @@ goes stale).
 A folder counts as a checkpoint only once its meta.json exists, so one cut off mid-save is never
 resumed from (it is deleted when found). The trainer saves through steps/train/saving.py, which
 writes meta.json only once the state was finite and the folder reads back (sync or async);
-`save` here is the plain collective save without those checks. Retention: the newest `keep_last`, every step that is a
-multiple of `permanent_every`, and the final step are kept; the rest are deleted after each save.
+`save` here is the plain collective save without those checks. Retention (`prune`) deletes what
+`CheckpointConfig.kept` does not keep, after each save.
+
+Verified on load: `load` (resuming, a rewind, `init_from`, eval) first checks every file against
+meta.json's `files` (present, the recorded size, the recorded sha256) and against `.metadata`
+(every data file as long as the items it places there), then, once loaded, that every floating
+tensor is finite. A checkpoint that fails is refused with one line naming the file (or tensor)
+and the check (`CorruptCheckpoint`); the ranks share the digest work and agree on the verdict.
+A checkpoint without `files` (written before digests, or by an import) gets the other checks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import pickle
 import posixpath
-import re
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
@@ -43,10 +51,17 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from executor import VoyageError, write_atomic
+from steps.train.checkpoint_policy import (CHECKPOINTS, FILES, META, RUN, CheckpointConfig, Found,  # noqa: F401
+                                           folder, list_checkpoints, root_of, size_problem, step_of)
+from steps.train.ranks import barrier, is_main, local, rng_state
 
-CHECKPOINTS = "checkpoints"
-META = "meta.json"
-RUN = "run.json"  # a log of the training steps (steps.train.pretrain.LOGS)
+
+class CorruptCheckpoint(VoyageError):
+    """A checkpoint that fails verification on load; the message is one line naming the
+    checkpoint, the file (or tensor) and the check. `loaded`: the state was already copied into
+    the model (the finiteness check), which another load must overwrite."""
+
+    loaded = False
 
 
 class Writer(FsspecWriter):
@@ -55,49 +70,17 @@ class Writer(FsspecWriter):
 
     def storage_meta(self) -> None:
         return None
-_STEP_RE = re.compile(r"^step-(\d+)$")
-
-
-@dataclass(frozen=True)
-class Found:
-    step: int
-    url: str
-
-
-def root_of(output: str) -> str:
-    return f"{output.rstrip('/')}/{CHECKPOINTS}"
-
-
-def folder(output: str, step: int) -> str:
-    return f"{root_of(output)}/step-{step}"
-
-
-def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
-    """The checkpoint folders under a training output, oldest first (only complete ones unless
-    `complete=False`)."""
-    fs, root = fsspec.core.url_to_fs(root_of(output))
-    try:
-        entries = fs.ls(root, detail=False, refresh=True)
-    except FileNotFoundError:
-        return []
-    found = []
-    for entry in entries:
-        m = _STEP_RE.match(posixpath.basename(entry.rstrip("/")))
-        if m and (not complete or fs.exists(posixpath.join(entry, META))):
-            found.append(Found(int(m.group(1)), folder(output, int(m.group(1)))))
-    return sorted(found, key=lambda f: f.step)
 
 
 def resolve(url: str, field: str) -> Found:
     """A checkpoint named by a training step's output (its newest checkpoint) or by a
     `checkpoints/step-N` folder itself."""
-    base = posixpath.basename(url.rstrip("/"))
-    m = _STEP_RE.match(base)
-    if m:
+    n = step_of(url)
+    if n is not None:
         fs, path = fsspec.core.url_to_fs(url)
         if not fs.exists(posixpath.join(path, META)):
             raise VoyageError(f"{field}: {url} is not a complete checkpoint (no {META})")
-        return Found(int(m.group(1)), url.rstrip("/"))
+        return Found(n, url.rstrip("/"))
     found = list_checkpoints(url)
     if not found:
         raise VoyageError(f"{field}: no checkpoint under {url}")
@@ -129,12 +112,10 @@ def remove_incomplete(output: str) -> None:
             _rm(f.url)
 
 
-def prune(output: str, keep_last: int, permanent_every: int, final_step: int) -> list[int]:
-    """Delete the checkpoints retention does not keep; returns the steps deleted."""
+def prune(output: str, policy: CheckpointConfig) -> list[int]:
+    """Delete the checkpoints `policy` does not keep; returns the steps deleted."""
     found = list_checkpoints(output)
-    keep = {f.step for f in found[-keep_last:]} | {final_step}
-    if permanent_every:
-        keep |= {f.step for f in found if f.step % permanent_every == 0}
+    keep = policy.kept(f.step for f in found)
     gone = [f for f in found if f.step not in keep]
     for f in gone:
         _rm(f.url)
@@ -149,15 +130,6 @@ def _rm(url: str) -> None:
         pass
 
 
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 @contextlib.contextmanager
 def _single_process_ok() -> Iterator[None]:
     """DCP warns on every save and load without a process group, which is how one worker runs."""
@@ -166,55 +138,168 @@ def _single_process_ok() -> Iterator[None]:
         yield
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"cpu": torch.get_rng_state().numpy().tobytes()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state().numpy().tobytes()
-    return state
-
-
 def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
          meta: dict[str, Any], run: dict[str, Any] | None = None) -> None:
     """Save a checkpoint from every rank (a collective); rank 0 writes run.json (a log: timings,
     nodes) and then meta.json, last."""
-    if _is_main():
+    if is_main():
         _rm(url)  # what an earlier, killed save of this step may have left
-    _barrier()
+    barrier()
     rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
     if dist.is_initialized():
-        dist.all_gather_object(rngs, _rng_state())
+        dist.all_gather_object(rngs, rng_state())
     else:
-        rngs = [_rng_state()]
+        rngs = [rng_state()]
     model_sd, optim_sd = get_state_dict(model, optimizer)
     blob = pickle.dumps({**train, "rng": rngs})
     with _single_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd, "train": {"state": blob}},
                  storage_writer=Writer(url, sync_files=False), no_dist=not dist.is_initialized())
-    _barrier()
-    if _is_main():
+    barrier()
+    if is_main():
         if run is not None:
             write_atomic(f"{url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
         write_atomic(f"{url}/{META}", json.dumps(meta, indent=1, sort_keys=True).encode(), fsync=True)
-    _barrier()
+    barrier()
 
 
-def load(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def load(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
+         verify: bool = True) -> dict[str, Any]:
     """Load model (and optimizer) state from a checkpoint, on every rank; returns the train
-    dict (with `rng`, every saved rank's RNG state)."""
+    dict (with `rng`, every saved rank's RNG state). With `verify` (the default) the files are
+    checked first and the loaded state after (the module's text): CorruptCheckpoint on every
+    rank, or on none. A state that fails the finiteness check was already copied into the model:
+    the caller loads another checkpoint over it or fails."""
+    if verify:
+        _agree(lambda: verify_files(url, part=_part()))
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         model_sd = get_model_state_dict(model)
         with _single_process_ok():
             dcp.load({"model": model_sd}, storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
+        if verify:
+            _refuse_non_finite(url, {"model": model_sd})
         set_model_state_dict(model, model_sd)
         return {}
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "train": {"state": b""}}
     with _single_process_ok():
         dcp.load(state, storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
+    if verify:
+        _refuse_non_finite(url, {"model": model_sd, "optim": optim_sd})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return pickle.loads(state["train"]["state"])
+
+
+def file_digest(url: str) -> dict[str, Any]:
+    """{"size", "sha256"} of one file, read in 4 MiB pieces."""
+    h, size = hashlib.sha256(), 0
+    with fsspec.open(url, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 22), b""):
+            h.update(piece)
+            size += len(piece)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def rank_files(url: str, rank: int) -> list[str]:
+    """The data files rank `rank` wrote into a checkpoint folder (DCP names them `__R_i.distcp`)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    names = [posixpath.basename(n) for n in fs.ls(path, detail=False, refresh=True)]
+    return sorted(n for n in names if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+
+
+def _refuse(url: str, name: str, check: str, loaded: bool = False) -> None:
+    error = CorruptCheckpoint(f"checkpoint {url} refused: {name}: {check}")
+    error.loaded = loaded
+    raise error
+
+
+def verify_files(url: str, meta: dict[str, Any] | None = None, *, digests: bool = True,
+                 part: tuple[int, int] = (0, 1)) -> None:
+    """CorruptCheckpoint when a file of the checkpoint is missing, of another size than recorded,
+    shorter than `.metadata` places items in it, or (with `digests`) holds other bytes than the
+    recorded sha256. `part` (index, count): this caller hashes every count-th file only (the
+    ranks share the work). `digests=False` is the cheap check (a listing and `.metadata`)."""
+    meta = read_meta(url) if meta is None else meta
+    recorded = meta.get(FILES) or {}
+    problem = size_problem(url, meta)
+    if problem:
+        _refuse(url, *problem)
+    fs, path = fsspec.core.url_to_fs(url)
+    sizes = {posixpath.basename(e["name"]): e["size"] for e in fs.ls(path, detail=True, refresh=True)}
+    try:
+        storage = FsspecReader(url).read_metadata().storage_data
+    except Exception as e:  # noqa: BLE001 - any unpickling error: the file is damaged
+        _refuse(url, ".metadata", f"unreadable ({type(e).__name__}: {str(e)[:80]})")
+    need: dict[str, int] = {}
+    for item in storage.values():
+        need[item.relative_path] = max(need.get(item.relative_path, 0), item.offset + item.length)
+    for name, n in sorted(need.items()):
+        if sizes.get(name, -1) < n:
+            _refuse(url, name, f"size check: {sizes.get(name, 0)} bytes, but .metadata places {n} bytes of items there")
+    if digests:
+        index, count = part
+        for name, rec in sorted(recorded.items())[index::count]:
+            got = file_digest(f"{url.rstrip('/')}/{name}")
+            if got["sha256"] != rec["sha256"]:
+                _refuse(url, name, "digest check: its sha256 differs from the one recorded when it was saved")
+
+
+def _refuse_non_finite(url: str, state: dict[str, Any]) -> None:
+    """CorruptCheckpoint naming the first tensor (and its file) that holds a NaN or an infinity."""
+    bad = non_finite(flat_tensors(state))
+    if bad:
+        try:
+            storage = FsspecReader(url).read_metadata().storage_data
+            where = next((i.relative_path for k, i in storage.items() if k.fqn == bad[0]), "?")
+        except Exception:  # noqa: BLE001
+            where = "?"
+        _refuse(url, where, f"finiteness check: {bad[0]} holds NaN or infinite values"
+                + (f" ({len(bad) - 1} more tensors too)" if len(bad) > 1 else ""), loaded=True)
+
+
+def _part() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _agree(check: Any) -> None:
+    """Run `check` on every rank; every rank raises the first rank's CorruptCheckpoint, or none."""
+    error = None
+    try:
+        check()
+    except CorruptCheckpoint as e:
+        error = str(e)
+    if dist.is_initialized():
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise CorruptCheckpoint(error)
+
+
+def flat_tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Flattened `a.b.c` -> tensor of a nested state dict (DCP's own key order)."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_tensors(v, key + "."))
+        elif isinstance(v, torch.Tensor):
+            out[key] = v
+    return out
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
+    names = [k for k, t in tensors.items() if t.is_floating_point() and local(t).numel()]
+    if not names:  # the same keys on every rank: all of them return here, or none
+        return []
+    flags = torch.stack([~torch.isfinite(local(tensors[k])).all() for k in names]).to(torch.int32)
+    if dist.is_initialized():
+        flags = flags.cpu() if dist.get_backend() == "gloo" else flags
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [k for k, bad in zip(names, flags.tolist()) if bad]
 
 
 def restore_rng(train: dict[str, Any], rank: int) -> bool:

@@ -10,11 +10,14 @@ of global sequences s*B .. s*B+B-1 (its data-parallel rank in the mesh order), f
 backward each micro-batch (the component decides what each micro-batch's backward reduces),
 clip, then the step's loss and gradient norm are checked (one device sync): a non-finite value
 ends the attempt (`NonFinite`, no update, no checkpoint); a spike skips the update or rewinds
-(steps/train/spikes.py); else AdamW step. Then the scheduler step and the expert-bias update (one
-all-reduce of the expert loads). Every `log_every` steps rank 0 writes a metrics row (with the
-MoE health of steps/train/health.py); every `checkpoint_every` steps (and at the end) all ranks
-save a checkpoint, which counts once it is finite, uploaded and verified (steps/train/saving.py).
-A watchdog (steps/train/watchdog.py) ends an attempt whose steps stop coming.
+(steps/train/spikes.py); else AdamW step. Then the scheduler step and one end-of-step path
+(`Trainer.end_step`) for an update, a skip and a rewind alike: the expert-bias update (one
+all-reduce of the expert loads; an update only), the metrics row when the reporter's cadence
+asks for one (rank 0 writes it, with the MoE health of steps/train/health.py:
+steps/train/reporting.py), the checkpoint when the saver's cadence asks for one (all ranks; it
+counts once it is finite, uploaded and verified: steps/train/saving.py, the cadence in
+steps/train/checkpoint_policy.py). A watchdog (steps/train/watchdog.py) ends an attempt whose
+steps stop coming. The test knobs (a poisoned stretch, a hang, a kill) are steps/train/faults.py.
 """
 
 from __future__ import annotations
@@ -36,19 +39,30 @@ from steps.data.paths import ref
 from steps.moe.balance import update_expert_bias
 from steps.moe.expert_parallel import take_dropped_layers
 from steps.train import checkpoint
+from steps.train.checkpoint_policy import CheckpointConfig
 from steps.train.config import TrainConfig
 from steps.train.data import Batches, Phases
 from steps.train.health import Entropy
 from steps.train.health import row as health_row
+from steps.train.faults import Faults, Killed  # noqa: F401  (Killed: the tests' import)
+from steps.train.reporting import Reporter
 from steps.train.saving import Saver, agreed
-from steps.train.spikes import OK, REWIND, SpikeGuard
+from steps.train.spikes import DROP, OK, REWIND, SKIP, SpikeGuard
 from steps.train.watchdog import Watchdog
 from steps.train.parallel import arrange, materialize, pick_device, pick_precision, unwrap
-from steps.train.tracking import METRICS_FILE, MetricsLog, build_tracker, flops_per_token, peak_flops
+from steps.train.tracking import flops_per_token, peak_flops
 
 
-class Killed(RuntimeError):
-    """Raised by the `trainer.fail_after_steps` test knob."""
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did: the learning rate it used, the gradient norm before clipping,
+    the spike guard's verdict (OK: updated; SKIP: update dropped; REWIND: back to a checkpoint),
+    and whether a metrics row is due after it (its expert loads are then kept for the row)."""
+
+    lr: float
+    grad_norm: torch.Tensor
+    verdict: str
+    logged: bool
 
 
 @dataclass
@@ -157,54 +171,85 @@ class Trainer:
         self.peak = (self.tcfg.peak_flops or peak_flops(str(self.device), self.threads)) * self.world
         self.spikes = SpikeGuard(self.cfg.optimizer.spikes)
         self.drop_share_max = 0.0  # the largest share of assignments dropped in a metrics row of this attempt
-        self.saver = Saver(self.ctx.output, async_save=self.tcfg.async_checkpoint, keep_last=self.tcfg.keep_last,
-                           permanent_every=self.tcfg.permanent_every, final_step=job.end, device=self.device,
-                           fence=self.ctx.fenced)
+        self.saver = Saver(self.ctx.output, CheckpointConfig.of(self.tcfg, job.end),
+                           async_save=self.tcfg.async_checkpoint, device=self.device, fence=self.ctx.fenced)
         self.entropy = Entropy(self.layers)
+        self.faults = Faults.of(self.tcfg, self.ctx.attempt, job.model_config.vocab_size)
         self.rewinds: list[float] = []  # seconds from detection to training again, per rewind
+        self.refused: set[int] = set()  # checkpoint steps that failed verification in this attempt
+        self.trained = 0  # optimizer steps of this attempt that were not rewound over
+        self.started = time.time()
+        self.report: Reporter | None = None  # built when training starts
+        self.furthest = job.start  # the furthest step reached (progress)
 
     def resume(self) -> None:
-        """From this step's own newest checkpoint, else from `init_from` (midtrain), else fresh."""
+        """From this step's own newest checkpoint that verifies (an older one when the newest is
+        refused), else from `init_from` (midtrain), else fresh."""
         # a superseded attempt of this lineage may be mid-save here: only the lease's holder deletes
         agreed(self.ctx.fenced, "removing unfinished checkpoints", lambda: checkpoint.remove_incomplete(self.ctx.output))
         own = checkpoint.list_checkpoints(self.ctx.output)
-        source = own[-1].url if own else self.job.init_from
-        if source is None or (not own and self.job.init_weights_only):
-            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
-            if source is not None:  # imported weights: a fresh optimizer, the run's schedule at this phase's start
-                from steps.export.from_hf import start_schedule_at
+        if not own and self.job.init_from is not None and self.job.init_weights_only:
+            # imported weights: a fresh optimizer, the run's schedule at this phase's start
+            from steps.export.from_hf import start_schedule_at
 
-                checkpoint.load(source, self.model, None)
-                start_schedule_at(self.scheduler, self.step)
+            checkpoint.load(self.job.init_from, self.model, None)
+            start_schedule_at(self.scheduler, self.step)
+        if not own and (self.job.init_from is None or self.job.init_weights_only):
+            torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
             return
-        state = checkpoint.load(source, self.model, self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
+        candidates = own or [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+        restored = self.restore(candidates)
+        if restored is None:
+            raise checkpoint.CorruptCheckpoint(
+                f"no checkpoint of {self.ctx.output if own else self.job.init_from} verifies (refused: "
+                f"{', '.join(f'step-{n}' for n in sorted(self.refused))}; the lines above say why); delete them to "
+                f"start over")
+        source, state = restored
         self.step, self.tokens = state["step"], state["tokens"]
-        checkpoint.restore_rng(state, self.rank)
         self.spikes.load_state_dict(state.get("spikes") or {})
         if self.step < self.job.start:
-            raise RuntimeError(f"checkpoint {source} is at step {self.step}, before this phase's first step "
+            raise RuntimeError(f"checkpoint {source.url} is at step {self.step}, before this phase's first step "
                                f"{self.job.start}")
         if self.main:
-            self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source, self.step)
+            self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source.url, self.step)
 
-    def train_step(self, sums: torch.Tensor, health: bool = False) -> tuple[float, torch.Tensor, str]:
-        """One optimizer step; adds (ce, router loss, 1) per micro-batch to `sums`. Returns the
-        learning rate used, the gradient norm before clipping, and what the spike guard decided
-        (OK: updated; SKIP: update dropped; REWIND: the caller rewinds). Raises NonFinite, before
-        any update, when the loss or the gradient norm is not finite."""
-        micro = self.batches.step(self.step)
-        a, b = self.tcfg.poison_steps
-        if a <= self.step < b:  # tests: a poisoned stretch of data (random tokens, seeded by the step)
-            g = torch.Generator().manual_seed(self.step)
-            micro = [torch.randint(0, self.job.model_config.vocab_size, r.shape, generator=g).numpy() for r in micro]
-        if self.tcfg.hang_at_step == self.step and self.ctx.attempt == 1:  # tests: a hung collective
-            import threading
+    def restore(self, candidates: list[checkpoint.Found]) -> tuple[checkpoint.Found, dict[str, Any]] | None:
+        """Load the newest of `candidates` that verifies (model, optimizer, scheduler, RNG) and
+        return it with its train state; None when none does. A refused checkpoint is said in one
+        line and never tried again by this attempt (until it is saved anew)."""
+        loaded = None  # a refused state already copied into the model
+        for found in reversed(candidates):
+            if found.step in self.refused:
+                continue
+            try:
+                state = checkpoint.load(found.url, self.model, self.optimizer)
+            except checkpoint.CorruptCheckpoint as e:
+                self.refused.add(found.step)
+                loaded = e if e.loaded else loaded
+                if self.main:
+                    self.ctx.logger.error("%s: %s; falling back to an older checkpoint", self.ctx.name, e)
+                continue
+            self.scheduler.load_state_dict(state["scheduler"])
+            checkpoint.restore_rng(state, self.rank)
+            return found, state
+        if loaded is not None:  # the model holds the refused state now: this attempt cannot go on
+            raise loaded
+        return None
 
-            threading.Event().wait()
+    def train_step(self, health: bool = False) -> StepResult:
+        """One optimizer step; adds (ce, router loss, 1) per micro-batch to the report's sums.
+        Raises NonFinite, before any update, when the loss or the gradient norm is not finite. A
+        step whose data a rewind dropped reads nothing and only moves the schedule (DROP)."""
+        self.faults.before_step(self.step)
+        if self.spikes.dropping(self.step):
+            lr = self.scheduler.get_last_lr()[0]
+            self.scheduler.step()
+            return StepResult(lr, torch.zeros(()), DROP, False)
+        micro = self.faults.batch(self.step, self.batches.step(self.step))
         # the mean over micro-batches, and over ranks when the component sums gradients (FSDP)
         divisor = len(micro) * self.parallel.loss_divisor
         step_ce = torch.zeros((), device=self.device)
+        sums = self.report.sums
         with self.entropy if health else contextlib.nullcontext():
             for i, rows in enumerate(micro):
                 seq = torch.from_numpy(rows).to(self.device, non_blocking=True)
@@ -230,41 +275,97 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if verdict != REWIND:
             self.scheduler.step()
-        return lr, grad_norm, verdict
+        return StepResult(lr, grad_norm, verdict, health)
 
-    def rewind(self) -> None:
-        """A sustained spike at this step: back to the newest checkpoint at or before its first
-        outlier, then on from the step after the spike (its data window is never trained on)."""
+    def end_step(self, result: StepResult, watchdog: Watchdog, progress: Any) -> None:
+        """After every optimizer step, whatever the guard decided: the expert bias (moved by an
+        update only), the counters, the metrics row, the checkpoint the saver's cadence asks for,
+        and the fault knobs. A rewind goes back to a checkpoint and returns; a rewind with
+        nothing to go back to ends as a skipped update; a dropped step makes no row."""
+        load_LE = torch.stack([m.expert_load_E for m in self.layers]).clone() if result.logged else None
+        verdict = result.verdict
+        if verdict == REWIND:
+            with watchdog.paused():
+                went_back = self.rewind()
+            if went_back:
+                self.report.restart(self.tokens)
+                return
+            verdict = SKIP
+        self.balance(updated=verdict == OK)
+        self.trained += 1
+        if verdict != DROP:  # a dropped step's data was never read
+            self.tokens += self.cfg.data.batch_size * self.context
+        self.step += 1
+        if self.step > self.furthest:  # steps trained again after a rewind are not progress
+            progress.update(self.step - self.furthest)
+            self.furthest = self.step
+        if result.logged and result.verdict == verdict != DROP:
+            rate = self.report.rate(self.tokens)
+            row = self.metrics_row(load_LE, result.lr, result.grad_norm, rate)
+            self.report.write(row, progress.line())
+            self.watch_drops(row)
+        if self.saver.due(self.step):
+            with watchdog.paused():
+                self.save()
+            self.report.flush()
+        self.saver.poll()
+        self.faults.after_step(self.trained, self.step, self.job.end)
+
+    def watch_drops(self, row: dict[str, Any]) -> None:
+        """The largest share of token-expert assignments a capacity dropped in a row of this
+        attempt; a warning above `trainer.moe_drop_warn`."""
+        self.drop_share_max = max(self.drop_share_max, row["moe_dropped_share"])
+        warn = self.tcfg.moe_drop_warn
+        if self.main and warn and row["moe_dropped_share"] > warn:
+            worst = row["health"].get("dropped_share", [])
+            self.ctx.logger.warning(
+                "%s: %.3f%% of the token-expert assignments dropped by the capacity in the %d steps to %d "
+                "(trainer.moe_drop_warn %.3f%%); the worst layer %s", self.ctx.name, 100 * row["moe_dropped_share"],
+                self.tcfg.log_every, self.step, 100 * warn,
+                f"{worst.index(max(worst))} at {100 * max(worst):.3f}%" if worst else "-")
+
+    def balance(self, updated: bool) -> None:
+        """The expert-bias update from the loads counted in this step; a skipped update moves no
+        bias either (its loads are dropped)."""
+        if updated:
+            update_expert_bias(self.layers, self.job.model_config.bias_update_rate)
+        else:
+            for m in self.layers:
+                m.expert_load_E.zero_()
+
+    def rewind(self) -> bool:
+        """A sustained spike at this step (steps/train/spikes.py): back to the newest verified
+        checkpoint at or before the first step whose data is dropped, to train again from there
+        (the guard drops the data of the lead-in and the outliers when training reaches them).
+        False when there is nothing to go back to: the outlier stays a skipped update."""
         t0 = time.perf_counter()
-        spike, first = self.step, self.spikes.spike_start
+        spike, first = self.step, self.spikes.drop_from()
         self.saver.finish()
         good = [f for f in checkpoint.list_checkpoints(self.ctx.output) if f.step <= first]
-        source = good[-1].url if good else (self.job.init_from if not self.job.init_weights_only else None)
-        if source is None:  # nothing to go back to yet: the outliers stay skipped updates
-            self.spikes.events[-1]["kind"] = "skip"
-            self.spikes.events[-1]["note"] = "no checkpoint before the spike to rewind to"
-            self.spikes.run = []
+        if not good and self.job.init_from is not None and not self.job.init_weights_only:
+            good = [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+        restored = self.restore(good)  # never a checkpoint that failed verification
+        if restored is None:  # nothing to go back to: the outliers stay skipped updates
+            self.spikes.not_rewound("no checkpoint before the spike to rewind to" if not good else
+                                    "no verified checkpoint before the spike to rewind to")
             self.scheduler.step()
-            return
-        state = checkpoint.load(source, self.model, self.optimizer)
+            return False
+        state = restored[1]
         to_step = state["step"]
-        self.scheduler.load_state_dict(state["scheduler"])
-        checkpoint.restore_rng(state, self.rank)
-        self.spikes.rewound(to_step, spike, state.get("spikes"))
-        self.tokens = state["tokens"]
-        # on from the step after the spike, at that step's learning rate
-        self.scheduler.last_epoch = spike
-        self.scheduler.step()
-        for m in self.layers:  # the loads counted since the checkpoint are of skipped data
+        self.spikes.rewound(to_step, spike)
+        self.step, self.tokens = to_step, state["tokens"]  # the scheduler is the checkpoint's
+        for m in self.layers:  # the loads counted since the checkpoint are trained again or dropped
             m.expert_load_E.zero_()
         self.rewinds.append(time.perf_counter() - t0)
         if self.main:
-            self.ctx.logger.warning("%s: sustained spike at step %d (from step %d): rewound to step-%d, data of "
-                                    "steps %d..%d skipped", self.ctx.name, spike, first, to_step, to_step, spike)
+            self.ctx.logger.warning("%s: sustained spike at step %d: rewound to step-%d; steps %d..%d are trained "
+                                    "again, the data of steps %d..%d dropped", self.ctx.name, spike, to_step, to_step,
+                                    first - 1, first, spike)
+        return True
 
-    def metrics_row(self, sums: torch.Tensor, load_LE: torch.Tensor, lr: float, grad_norm: torch.Tensor,
-                    rate: float) -> dict[str, Any]:
+    def metrics_row(self, load_LE: torch.Tensor, lr: float, grad_norm: torch.Tensor, rate: float) -> dict[str, Any]:
         """The metrics.jsonl row (a collective when distributed: every rank calls it)."""
+        sums = self.report.sums
         if dist.is_initialized():
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
@@ -275,7 +376,7 @@ class Trainer:
             dist.all_reduce(drops_L2)
         drops = drops_L2.sum(0)
         norm = grad_norm
-        events = [e for e in self.spikes.events if e["step"] >= self.step - self.tcfg.log_every]
+        events = [e.as_dict() for e in self.spikes.events if e.step >= self.step - self.tcfg.log_every]
         return {"step": self.step, "loss": (sums[0] / sums[2]).item(), "router_loss": (sums[1] / sums[2]).item(),
                 "lr": lr, "grad_norm": float(norm), "tokens_per_s": rate, "mfu": rate * self.flops / self.peak,
                 "expert_load_max": share_LE.max().item(), "expert_load_min": share_LE.min().item(),
@@ -285,8 +386,9 @@ class Trainer:
                 "health": health_row(load_LE, self.layers, self.entropy.mean(), drops_L2),
                 **({"events": events} if events else {})}
 
-    def save(self, row: dict[str, Any], started: float) -> None:
-        job, cfg = self.job, self.cfg
+    def save(self) -> None:
+        job, cfg, row, started = self.job, self.cfg, self.report.row, self.started
+        self.refused.discard(self.step)  # saved anew
         train = {"step": self.step, "tokens": self.tokens, "scheduler": self.scheduler.state_dict(),
                  "data": {"next_sequence": self.step * cfg.data.batch_size, "batch_size": cfg.data.batch_size},
                  "spikes": self.spikes.state_dict()}
@@ -295,7 +397,8 @@ class Trainer:
                 "mixture": ref(self.ctx, cfg.data.mixture, checkpoint.folder(self.ctx.output, self.step)),
                 "batch_size": cfg.data.batch_size, "seq_len": job.phases.seq_len,
                 "total_steps": job.phases.total, "switch_step": job.phases.switch, "world_size": self.world,
-                "mesh": dataclasses.asdict(self.pc), "spike_events": self.spikes.events}
+                "mesh": dataclasses.asdict(self.pc),
+                "spike_events": [e.as_dict() for e in self.spikes.events]}
         # what varies from run to run (timings, the nodes) is a log, out of the output digest
         run = {"metrics": row, "startup_s": started - job.created, "time": time.time(),
                "mesh": {**dataclasses.asdict(self.pc), "ranks": self.order,
@@ -304,84 +407,31 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Steps until the phase's end; returns the last metrics row plus timings."""
-        job, tcfg, ctx = self.job, self.tcfg, self.ctx
-        metrics = MetricsLog(ctx.path(METRICS_FILE), keep_through_step=self.step, fence=ctx.fenced) if self.main else None
-        tracker = build_tracker(tcfg.tracker, self.main, ctx.name, ctx.digest, ctx.output,
-                                {"phase": job.phase, "model": dataclasses.asdict(job.model_config),
-                                 "config": _plain(self.cfg)})
-        started = time.time()
+        job, ctx = self.job, self.ctx
+        self.started = time.time()
+        self.report = Reporter(ctx, self.tcfg, main=self.main, step=self.step, final_step=job.end, tokens=self.tokens,
+                               device=self.device, run_config={"phase": job.phase, "config": _plain(self.cfg),
+                                                               "model": dataclasses.asdict(job.model_config)})
         if self.main:
-            ctx.logger.info("%s: %s steps %d..%d on %d worker(s), %s; ready %.1fs after the step started",
-                            ctx.name, job.phase, self.step, job.end, self.world, self.device, started - job.created)
-        sums = torch.zeros(3, device=self.device)  # ce, router loss, micro-batches since the last row
-        row: dict[str, Any] = {}
-        tick, tick_tokens, done_here = time.perf_counter(), self.tokens, 0
+            ctx.logger.info("%s: %s steps %d..%d on %d worker(s), %s; ready %.1fs after the step started", ctx.name,
+                            job.phase, self.step, job.end, self.world, self.device, self.started - job.created)
         self.model.train()
+        self.furthest = self.step
+        progress_of = ctx.progress if self.main else _SilentProgress
         hang_log = ctx.path(f"logs/hang-attempt{ctx.attempt}-rank{self.rank}.txt")
         try:
-            progress_of = ctx.progress if self.main else _SilentProgress
             with progress_of(total=job.end - self.step, unit="step", desc=f"{ctx.name} ({job.phase})") as progress, \
-                    Watchdog(tcfg.watchdog, hang_log, f", rank {self.rank}") as watchdog:
+                    Watchdog(self.tcfg.watchdog, hang_log, f", rank {self.rank}") as watchdog:
                 while self.step < job.end:
-                    log_now = (self.step + 1) % tcfg.log_every == 0 or self.step + 1 == job.end
-                    lr, grad_norm, verdict = self.train_step(sums, health=log_now)
+                    result = self.train_step(health=self.report.due(self.step))
                     watchdog.beat()
-                    if verdict == REWIND:
-                        with watchdog.paused():
-                            self.rewind()
-                        sums.zero_()
-                        self.step += 1
-                        progress.update(1)
-                        if self.step == job.end:
-                            with watchdog.paused():
-                                self.save(row, started)
-                        continue
-                    load_LE = torch.stack([m.expert_load_E for m in self.layers]).clone() if log_now else None
-                    if verdict == OK:
-                        update_expert_bias(self.layers, job.model_config.bias_update_rate)
-                    else:  # a skipped update moves no bias either
-                        for m in self.layers:
-                            m.expert_load_E.zero_()
-                    self.step, done_here = self.step + 1, done_here + 1
-                    self.tokens += self.cfg.data.batch_size * self.context
-                    progress.update(1)
-                    if log_now:
-                        now = time.perf_counter()
-                        rate = (self.tokens - tick_tokens) / max(now - tick, 1e-9)
-                        row = self.metrics_row(sums, load_LE, lr, grad_norm, rate)
-                        sums.zero_()
-                        tick, tick_tokens = now, self.tokens
-                        self.drop_share_max = max(self.drop_share_max, row["moe_dropped_share"])
-                        if self.main and tcfg.moe_drop_warn and row["moe_dropped_share"] > tcfg.moe_drop_warn:
-                            worst = row["health"].get("dropped_share", [])
-                            ctx.logger.warning(
-                                "%s: %.3f%% of the token-expert assignments dropped by the capacity in the %d steps "
-                                "to %d (trainer.moe_drop_warn %.3f%%); the worst layer %s", ctx.name,
-                                100 * row["moe_dropped_share"], tcfg.log_every, self.step, 100 * tcfg.moe_drop_warn,
-                                f"{worst.index(max(worst))} at {100 * max(worst):.3f}%" if worst else "-")
-                        if self.main:
-                            metrics.append(row)
-                            tracker.log(row, self.step)
-                            ctx.logger.info("%s  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  mfu %.2f%%",
-                                            progress.line(), row["loss"], lr, row["grad_norm"], rate, 100 * row["mfu"])
-                    permanent = tcfg.permanent_every and self.step % tcfg.permanent_every == 0
-                    if self.step % tcfg.checkpoint_every == 0 or self.step == job.end or permanent:
-                        with watchdog.paused():
-                            self.save(row, started)
-                        if self.main:
-                            metrics.flush(force=True)
-                    self.saver.poll()
-                    if tcfg.fail_after_steps and done_here == tcfg.fail_after_steps and self.step < job.end:
-                        raise Killed(f"trainer.fail_after_steps: stopped on purpose after {done_here} steps "
-                                     f"(at step {self.step})")
+                    self.end_step(result, watchdog, progress)
             self.saver.finish()  # the last upload counts before the attempt ends
         finally:
-            if self.main:
-                metrics.flush(force=True)
-            tracker.finish()
-        return {**row, "moe_dropped_share_max": self.drop_share_max,
-                "startup_s": started - job.created, "train_s": time.time() - started, "steps_run": done_here,
-                "checkpoint_stall_s": self.saver.stalls, "rewind_s": self.rewinds}
+            self.report.close()
+        return {**self.report.row, "startup_s": self.started - job.created, "train_s": time.time() - self.started,
+                "steps_run": self.trained, "checkpoint_stall_s": self.saver.stalls, "rewind_s": self.rewinds,
+                "moe_dropped_share_max": self.drop_share_max}
 
     def close(self) -> None:
         if self.own_group:

@@ -25,9 +25,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import _get_scalar_dtype
 
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from steps.train.ranks import local as _local
 
 
 def _like_param(local: Tensor, p: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from executor import StepContext, VoyageError, step_type
 from steps.data.mixture import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
+from steps.train.spikes import SpikeEvent, skipped_ranges
 from steps.train.tracking import METRICS_FILE, write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
@@ -123,12 +124,10 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
                                     steps=[job.start, final.step])
     # The spike guard's skips and rewinds of this phase (steps/train/spikes.py): in the record, and
     # the optimizer steps whose data was read but never trained on for --which-saw.
-    events = [e for e in meta.get("spike_events") or [] if job.start <= e["step"] < job.end]
+    events = [e for e in map(SpikeEvent.from_dict, meta.get("spike_events") or []) if job.start <= e.step < job.end]
     if events:
-        ctx.results["spike_events"] = events
-        ctx.provenance["tokens"]["skipped_steps"] = [
-            [e["skipped"][0], e["skipped"][1], "rewind"] if e["kind"] == "rewind" and "skipped" in e
-            else [e["step"], e["step"], "skip"] for e in events]
+        ctx.results["spike_events"] = [e.as_dict() for e in events]
+        ctx.provenance["tokens"]["skipped_steps"] = [list(r) for r in skipped_ranges(events)]
     ctx.results.update(final_step=final.step, checkpoint=final.url, tokens=meta["tokens"],
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu", "moe_dropped",
                                               "moe_dropped_share") if k in row},

@@ -48,9 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from steps.train.ranks import local as _local
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ that marker only when everything before it holds:
 2. **uploaded**: DCP's save returned (sync) or its future completed (async);
 3. **verified readable**: DCP's `.metadata` reads back and names every tensor of the state, every
    data file is as long as the items it must hold, and a sample of tensors (a different sample at each step, so that over a run every tensor is read
-   back) loads from the store with the same bytes (sha256) as the state had when it was saved.
+   back) loads from the store with the same bytes (sha256) as the state had when it was saved;
+4. **recorded**: the size and sha256 of every file go into meta.json's `files`, which every load
+   checks (steps/train/checkpoint.py). Each rank hashes the files it wrote: with async saves in a
+   thread of its own once its upload is done, so the digests cost training no stall.
 
 Async (`trainer.async_checkpoint`): DCP's `async_save` stages the state into host memory (pinned
 on CUDA) before it returns, so training waits for that copy only; the upload runs in DCP's
@@ -30,6 +33,7 @@ import logging
 import pickle
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,44 +46,19 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from executor import LeaseLost, NonFinite, write_atomic
 from steps.train import checkpoint
-from steps.train.checkpoint import META, RUN, Writer
+from steps.train.checkpoint import FILES, META, RUN, Writer, non_finite  # noqa: F401  (non_finite: saving's API)
+from steps.train.checkpoint import flat_tensors as _tensors
+from steps.train.checkpoint_policy import CheckpointConfig
+from steps.train.ranks import barrier, is_main, local, reduce_int, rng_state
 
 log = logging.getLogger("marin.train")
 SAMPLED = 4  # tensors read back per checkpoint
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _tensors(state: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
-    """Flattened `a.b.c` -> tensor of a nested state dict (DCP's own key order)."""
-    out: dict[str, torch.Tensor] = {}
-    for k, v in state.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_tensors(v, key + "."))
-        elif isinstance(v, torch.Tensor):
-            out[key] = v
-    return out
-
-
-def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating tensors holding a NaN or an infinity (on any rank)."""
-    names = [k for k, t in tensors.items() if t.is_floating_point() and _local(t).numel()]
-    if not names:  # the same keys on every rank: all of them return here, or none
-        return []
-    flags = torch.stack([~torch.isfinite(_local(tensors[k])).all() for k in names]).to(torch.int32)
-    if dist.is_initialized():
-        flags = flags.cpu() if dist.get_backend() == "gloo" else flags
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [k for k, bad in zip(names, flags.tolist()) if bad]
-
-
 def checksum(t: torch.Tensor) -> str:
     """sha256 of a tensor's (local shard's) bytes."""
-    local = _local(t).detach().contiguous().cpu()
-    return hashlib.sha256(local.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    shard = local(t).detach().contiguous().cpu()
+    return hashlib.sha256(shard.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def sample_keys(keys: list[str], step: int, n: int = SAMPLED) -> list[str]:
@@ -123,10 +102,7 @@ def verify(url: str, expected: dict[str, torch.Tensor], sums: dict[str, str]) ->
     fresh = {k: torch.empty_like(expected[k]) for k in sums}
     dcp.load(_nested(fresh), storage_reader=FsspecReader(url), no_dist=not dist.is_initialized())
     bad = [k for k in sums if checksum(fresh[k]) != sums[k]]
-    flag = torch.tensor([len(bad)], device="cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu")
-    if dist.is_initialized():  # every rank raises, or none
-        dist.all_reduce(flag)
-    if bad or flag.item():
+    if bad or reduce_int(len(bad)):  # every rank raises, or none
         raise IOError(f"checkpoint {url}: tensors read back differ from what was saved: {bad[:3] or 'on another rank'}")
 
 
@@ -152,17 +128,14 @@ def agreed(fence: Callable[[str], Any], what: str, act: Callable[[], Any]) -> No
     the step's lease); every rank raises LeaseLost if rank 0 could not, so none waits in a
     collective for a rank that stopped (one 4-byte all-reduce)."""
     lost: LeaseLost | None = None
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_main():
         try:
             with fence(what):
                 act()
         except LeaseLost as e:
             lost = e
-    if dist.is_initialized():
-        flag = torch.tensor([int(lost is not None)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and lost is None:
-            raise LeaseLost(f"rank 0 found the step's lease taken over before {what}")
+    if dist.is_initialized() and reduce_int(lost is not None, dist.ReduceOp.MAX) and lost is None:
+        raise LeaseLost(f"rank 0 found the step's lease taken over before {what}")
     if lost is not None:
         raise lost
 
@@ -176,18 +149,23 @@ class Saver:
     (StepContext.fenced): clearing a step's folder before a save, the marker that makes a
     checkpoint count, and retention's deletions. A save starts only while the lease is ours."""
 
-    def __init__(self, output: str, *, async_save: bool, keep_last: int, permanent_every: int, final_step: int,
-                 device: torch.device, fence: Callable[[str], Any] = _unfenced) -> None:
-        self.output, self.async_save, self.fence = output, async_save, fence
-        self.keep_last, self.permanent_every, self.final_step = keep_last, permanent_every, final_step
+    def __init__(self, output: str, policy: CheckpointConfig, *, async_save: bool, device: torch.device,
+                 fence: Callable[[str], Any] = _unfenced) -> None:
+        self.output, self.policy, self.async_save, self.fence = output, policy, async_save, fence
         self.device = device
         self.pending: _Pending | None = None
         self.stalls: list[float] = []  # seconds training waited per save
-        self.main = not dist.is_initialized() or dist.get_rank() == 0
+        self.main = is_main()
         # The upload thread's collectives (DCP's plan exchange) must never interleave with the
         # training thread's on one group: async saves get a gloo group of their own (a collective
         # to create, so every rank builds its Saver at the same point), as torchtitan does.
         self.group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="marin-checkpoint-digest") if async_save else None
+
+    def due(self, step: int) -> bool:
+        """Whether checkpoint step-`step` is saved (the policy's cadence)."""
+        return self.policy.due(step)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: dict[str, Any],
              meta: dict[str, Any], run: dict[str, Any] | None) -> None:
@@ -204,12 +182,12 @@ class Saver:
                             f"({', '.join(bad[:3])}); no checkpoint written")
         # what an earlier, killed save of this step may have left goes; a superseded attempt stops here
         agreed(self.fence, f"saving checkpoint step-{step}", lambda: checkpoint._rm(url))
-        checkpoint._barrier()
+        barrier()
         rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
         if dist.is_initialized():
-            dist.all_gather_object(rngs, checkpoint._rng_state())
+            dist.all_gather_object(rngs, rng_state())
         else:
-            rngs = [checkpoint._rng_state()]
+            rngs = [rng_state()]
         keys = sample_keys(sorted(flat), step)
         sums = {k: checksum(flat[k]) for k in keys}
         expected = {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in flat.items()}
@@ -221,9 +199,10 @@ class Saver:
         if self.async_save and not dist.is_initialized():  # the upload thread warns after the context is gone
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         with checkpoint._single_process_ok():
-            if self.async_save:
-                pending.future = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
-                                                process_group=self.group, no_dist=not dist.is_initialized())
+            if self.async_save:  # this rank's files are hashed in the background once uploaded: no stall
+                upload = dcp.async_save(full, storage_writer=writer, async_stager=_stager(self.device),
+                                        process_group=self.group, no_dist=not dist.is_initialized())
+                pending.future = self._hasher.submit(_digests_after, upload, url, self.rank)
             else:
                 dcp.save(full, storage_writer=writer, no_dist=not dist.is_initialized())
         pending.stall_s = time.perf_counter() - t0
@@ -240,9 +219,7 @@ class Saver:
             return
         done = p.future.done()
         if dist.is_initialized():
-            flag = torch.tensor([int(done)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            done = bool(flag.item())
+            done = bool(reduce_int(done, dist.ReduceOp.MIN))
         if done:
             t0 = time.perf_counter()
             self.finish()
@@ -254,22 +231,39 @@ class Saver:
         p, self.pending = self.pending, None
         if p is None:
             return None
-        if p.future is not None:
-            p.future.result()  # raises what the upload raised: the checkpoint never counts
-        checkpoint._barrier()
+        if p.future is not None:  # raises what the upload raised: the checkpoint never counts
+            digests = p.future.result()
+        else:
+            digests = _digests_after(None, p.url, self.rank)
+        barrier()
         with checkpoint._single_process_ok():
             verify(p.url, p.expected, p.sums)
+        if dist.is_initialized():
+            every: list[dict[str, Any]] = [{}] * dist.get_world_size()
+            dist.all_gather_object(every, digests)
+            digests = {k: v for d in every for k, v in d.items()}
+        if self.main:  # written by rank 0 once every rank's upload was done
+            digests[".metadata"] = checkpoint.file_digest(f"{p.url}/.metadata")
+        p.meta[FILES] = dict(sorted(digests.items()))
         run = dict(p.run or {}, verified={"sampled": sorted(p.sums), "stall_s": p.stall_s,
                                           "upload_s": time.perf_counter() - p.started})
 
         def mark() -> None:
             write_atomic(f"{p.url}/{RUN}", json.dumps(run, indent=1, sort_keys=True).encode())
             write_atomic(f"{p.url}/{META}", json.dumps(p.meta, indent=1, sort_keys=True).encode(), fsync=True)
-            checkpoint.prune(self.output, self.keep_last, self.permanent_every, self.final_step)
+            checkpoint.prune(self.output, self.policy)
 
         agreed(self.fence, f"marking checkpoint step-{p.step} complete", mark)
-        checkpoint._barrier()
+        barrier()
         return p.step
+
+
+def _digests_after(upload: Any, url: str, rank: int) -> dict[str, Any]:
+    """Once `upload` (an async save's future; None: done) is done, the size and sha256 of the
+    data files this rank wrote: recorded in meta.json, checked on every load."""
+    if upload is not None:
+        upload.result()
+    return {name: checkpoint.file_digest(f"{url}/{name}") for name in checkpoint.rank_files(url, rank)}
 
 
 def _stager(device: torch.device) -> Any:

@@ -15,7 +15,7 @@ import pytest
 from steps.data.formats import TokenDataset, document_shards, iter_documents
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, feistel, plan_mixture
 from steps.provenance.inverse import MixtureInverse, feistel_inverse
-from steps.provenance.which_saw import first_saved, which_saw
+from steps.provenance.which_saw import which_saw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -66,6 +66,11 @@ def test_inverse_equals_a_scan_on_stages_blocks_and_epochs():
 
 
 def test_first_checkpoint_follows_the_trainers_schedule():
+    from steps.train.checkpoint_policy import CheckpointConfig
+
+    def first_saved(step, end, every, permanent):
+        return CheckpointConfig(every=every, final_step=end, permanent_every=permanent).first_after(step)
+
     assert first_saved(0, 320, 100, 0) == 100
     assert first_saved(99, 320, 100, 0) == 100  # step 99 done is checkpoint step-100
     assert first_saved(100, 320, 100, 0) == 200

@@ -18,6 +18,7 @@ from kits.trainkit import make_mixture, run_step  # noqa: E402
 from executor import NonFinite  # noqa: E402
 from executor.failures import NON_FINITE, classify  # noqa: E402
 from steps.train import checkpoint, saving  # noqa: E402
+from steps.train.checkpoint_policy import CheckpointConfig  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
 from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.loop import Killed, build_model, build_optimizer  # noqa: E402
@@ -74,7 +75,7 @@ def test_a_checkpoint_with_non_finite_state_is_refused_and_never_marked(tmp_path
 
     model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
     opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
-    saver = saving.Saver(str(tmp_path), async_save=False, keep_last=2, permanent_every=0, final_step=10,
+    saver = saving.Saver(str(tmp_path), CheckpointConfig(every=1, final_step=10, keep_last=2), async_save=False,
                          device=torch.device("cpu"))
     saver.save(3, model, opt, {"step": 3}, {"step": 3}, None)
     assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path))] == [3]
@@ -129,39 +130,109 @@ def test_eval_refuses_a_checkpoint_that_gives_non_finite_results(clean, tmp_path
     model = build_model(dataclasses.replace(PRESETS["tiny"], vocab_size=512), 0, torch.device("cpu"))
     opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
     state = checkpoint.load(found.url, model, opt)
-    with torch.no_grad():
-        model.head.weight.fill_(float("nan"))
-    meta = checkpoint.read_meta(found.url)
+    meta = {k: v for k, v in checkpoint.read_meta(found.url).items() if k != "files"}  # no digests recorded
+    with torch.no_grad():  # finite weights whose logits overflow
+        model.head.weight.copy_((torch.rand_like(model.head.weight) * 2 - 1) * 3e38)
     checkpoint.save(found.url, model, opt, {k: v for k, v in state.items() if k != "rng"}, meta)
     with pytest.raises(NonFinite, match=r"non-finite results at .*loss"):
         run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
     assert not (tmp_path / "eval/results.json").exists()
+    with torch.no_grad():  # NaN weights: refused on load, before any result
+        model.head.weight.fill_(float("nan"))
+    checkpoint.save(found.url, model, opt, {k: v for k, v in state.items() if k != "rng"}, meta)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=r"refused: .*finiteness check: model\.head\.weight"):
+        run_step(evaluate, EvalConfig(checkpoint=str(tmp_path / "pre"), max_sequences=16), tmp_path / "eval", name="eval")
 
 
-def test_a_poisoned_stretch_is_skipped_rewound_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
+def test_a_poisoned_stretch_is_skipped_step_by_step_and_the_run_ends_near_a_clean_one(mix, clean, tmp_path):
     assert "spike_events" not in clean.results  # no false alarm on a clean run
-    poisoned = _config(mix, poison_steps=(14, 17))
-    run = run_step(pretrain, poisoned, tmp_path / "poisoned", name="pre")
+    run = run_step(pretrain, _config(mix, poison_steps=(14, 17)), tmp_path / "poisoned", name="pre")
     events = run.results["spike_events"]
     kinds = [(e["step"], e["kind"]) for e in events]
-    assert kinds == [(14, "skip"), (15, "skip"), (16, "rewind")], kinds  # only the poisoned steps
-    assert events[2]["to_step"] == 10 and events[2]["skipped"] == [10, 16]
+    # only the poisoned steps, each judged against the window from before the stretch; nothing of
+    # them reached the weights, so no rewind throws good steps away
+    assert kinds == [(14, "skip"), (15, "skip"), (16, "skip")], kinds
     assert abs(run.results["loss"] - clean.results["loss"]) < 0.3, (run.results["loss"], clean.results["loss"])
-    assert run.provenance["tokens"]["skipped_steps"] == [[14, 14, "skip"], [15, 15, "skip"], [10, 16, "rewind"]]
+    assert run.provenance["tokens"]["skipped_steps"] == [[14, 14, "skip"], [15, 15, "skip"], [16, 16, "skip"]]
     rows = [json.loads(line) for line in open(tmp_path / "poisoned/metrics.jsonl")]
     assert any(r.get("events") for r in rows)  # marked in the curve the live page draws
-    assert trained_ranges(0, 21, events) == [(0, 10), (17, 21)]
-    # --which-saw reads the same events from the newest checkpoint
     from steps.provenance.which_saw import skipped_steps
 
     newest = checkpoint.list_checkpoints(run.output)[-1].url
-    assert skipped_steps(newest, [9, 10, 14, 16, 17]) == [(10, "rewind"), (14, "rewind"), (16, "rewind")]
+    assert skipped_steps(newest, [13, 14, 16, 17]) == [(14, "skip"), (16, "skip")]
+
+
+def test_a_spike_that_goes_on_is_rewound_its_data_dropped_and_the_good_steps_trained_again(mix, clean, tmp_path):
+    poisoned = _config(mix, poison_steps=(12, 18))  # 6 steps: 2 x sustained outliers in a row
+    run = run_step(pretrain, poisoned, tmp_path / "poisoned", name="pre")
+    events = run.results["spike_events"]
+    kinds = [(e["step"], e["kind"]) for e in events]
+    assert kinds == [(n, "skip") for n in range(12, 17)] + [(17, "rewind")], kinds
+    # back to step-10; step 10 trained again, the data of 11 (the last update before the spike)
+    # through 17 dropped, nothing more
+    assert events[-1]["to_step"] == 10 and events[-1]["skipped"] == [11, 17]
+    assert trained_ranges(0, 21, events) == [(0, 11), (18, 21)]
+    assert abs(run.results["loss"] - clean.results["loss"]) < 0.3, (run.results["loss"], clean.results["loss"])
+    from steps.provenance.which_saw import skipped_steps
+
+    newest = checkpoint.list_checkpoints(run.output)[-1].url
+    assert skipped_steps(newest, [10, 11, 14, 17, 18]) == [(11, "rewind"), (14, "rewind"), (17, "rewind")]
 
     # deterministic: killed after the rewind, resumed from step-20: the same events, the same bits
-    killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=19))
+    killed = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, fail_after_steps=27))
     with pytest.raises(Killed):
         run_step(pretrain, killed, tmp_path / "resumed", name="pre")
+    assert checkpoint.list_checkpoints(str(tmp_path / "resumed"))[-1].step == 20
     again = run_step(pretrain, poisoned, tmp_path / "resumed", name="pre")
     assert again.results["spike_events"] == events
     (s1, w1), (s2, w2) = _state(run.output), _state(again.output)
     assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def _corrupt(url):
+    """Four weights' worth of bytes (16) in the middle of a checkpoint's data file set to 1e30,
+    written from outside."""
+    import struct
+
+    with open(f"{url}/__0_0.distcp", "r+b") as f:
+        f.seek(os.path.getsize(f"{url}/__0_0.distcp") // 2)
+        f.write(struct.pack("<4f", *[1e30] * 4))
+
+
+def test_a_corrupt_newest_checkpoint_is_refused_and_the_run_resumes_from_the_previous_one(mix, clean, tmp_path, caplog):
+    cfg = _config(mix)
+    killed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=16))
+    with pytest.raises(Killed):
+        run_step(pretrain, killed, tmp_path / "pre", name="pre")
+    assert [f.step for f in checkpoint.list_checkpoints(str(tmp_path / "pre"))] == [5, 10, 15]
+    _corrupt(checkpoint.folder(str(tmp_path / "pre"), 15))
+    with caplog.at_level("INFO", logger="marin"):
+        again = run_step(pretrain, cfg, tmp_path / "pre", name="pre")
+    said = [r.getMessage() for r in caplog.records]
+    refused = [m for m in said if "refused" in m]
+    assert len(refused) == 1 and "step-15 refused: __0_0.distcp: digest check" in refused[0], refused
+    assert any("resumed from" in m and m.rstrip().endswith("(step 10)") for m in said), said
+    (s1, w1), (s2, w2) = _state(clean.output), _state(again.output)
+    assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)  # as if nothing had happened
+
+
+def test_a_refused_checkpoint_is_never_tried_twice(mix, clean, tmp_path, caplog):
+    import shutil
+
+    from executor import StepContext
+    from steps.train.loop import Trainer
+    from steps.train.pretrain import prepare
+
+    shutil.copytree(clean.output, tmp_path / "pre")
+    _corrupt(checkpoint.folder(str(tmp_path / "pre"), 20))
+    ctx = StepContext(name="pre", output=str(tmp_path / "pre"), digest="0" * 64)
+    trainer = Trainer(prepare(_config(mix), ctx, "pretrain"))
+    try:
+        found = [f for f in checkpoint.list_checkpoints(ctx.output) if f.step <= 20]  # what a rewind at 20 may use
+        with caplog.at_level("INFO", logger="marin"):
+            first = trainer.restore(found)
+            second = trainer.restore(found)
+        assert first[0].step == second[0].step == 15 and trainer.refused == {20}
+        assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1  # verified once, refused once
+    finally:
+        trainer.close()

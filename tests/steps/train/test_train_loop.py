@@ -166,7 +166,8 @@ def test_midtrain_refuses_a_checkpoint_of_another_shape(mix, tmp_path):
 
 
 def test_step_modules_import_neither_torch_nor_ray():
-    code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.eval.evaluate; "
+    code = ("import sys, steps.train, steps.train.config, steps.train.pretrain, steps.eval.evaluate, "
+            "steps.train.checkpoint_policy, steps.provenance.which_saw; "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
