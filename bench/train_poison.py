@@ -14,7 +14,7 @@ never drawn). Three pretrain runs of the tiny preset on one CPU thread, the same
     guard off   the poisoned mixture, SpikeConfig(z=0)
     guard on    the poisoned mixture, the guard on
 
-Each final checkpoint is evaluated (steps/train/eval.py) on the held-out windows of kjv and
+Each final checkpoint is evaluated (steps/eval/evaluate.py) on the held-out windows of kjv and
 pydocs (windows the mixture never draws); the figure is their mean held-out loss in nats. Printed
 side by side with the differences, the guard's events and the steps whose data it dropped.
 `--json FILE` writes the figures as one JSON object.
@@ -40,7 +40,7 @@ from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
-from steps.train.eval import EvalConfig, evaluate  # noqa: E402
+from steps.eval.evaluate import EvalConfig, evaluate  # noqa: E402
 from steps.train.pretrain import pretrain  # noqa: E402
 from steps.train.spikes import SpikeConfig  # noqa: E402
 
