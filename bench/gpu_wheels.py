@@ -29,7 +29,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = ("bench/gpu_block_memory.py", "bench/train_gpu.py", "bench/router.py")
-# Imported by the project's records and configs (executor/records.py) on paths the scan above
+# Imported by the project's records and configs (executor/storage/records.py) on paths the scan above
 # may not take; the device lacks them (KINDS.md), so they travel too.
 EXTRA = ("pydantic",)
 LIMIT = 64 * 2**20  # what one device call may carry, the working tree included

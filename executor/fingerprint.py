@@ -60,7 +60,7 @@ _SKIPPED_FIELDS = frozenset({"type_comment", "kind", "type_params"})
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """`digest` ("fp2:<sha256>") over `parts`: unit name -> short hash, and for a default,
+    """`digest` (f"{SCHEME}:<sha256>", now "fp3:...") over `parts`: unit name -> short hash, and for a default,
     "hash value" (e.g. `default steps.data.tokenize.TokenizeConfig.seed` -> `1a2b... 0`)."""
 
     digest: str

@@ -202,7 +202,7 @@ class VoyageConfig:
     memory_target_gib: float = MEMORY_TARGET_GIB  # a GPU's memory a plan may use; above it: refused (plan.py says why)
     open_only: bool = False  # the exported model is for public release: only open licences may reach it
     laptop_steps: int = 0  # with --laptop: optimizer steps, four fifths pretrain (0: the recipe's 400; the tests run fewer)
-    data_nodes: int = 100  # CPU nodes the data steps run on (docs/DATA.md: 100 nodes of 64 cores)
+    data_nodes: int = 100  # CPU nodes the data steps run on (shared/DATA.md, the data facts the project was given: 100 nodes of 64 cores)
     data_node_cores: int = 64
     data_node_memory_gb: float = 256.0
     # The recipe at another size (docs/ladder.md): active parameters (`1b`, `300m`, `60k`) or a

@@ -37,8 +37,8 @@ from executor import Resources, VoyageError
 from steps.data.memory import WORKER_GB
 
 GiB = 2**30
-TOKENS_PER_DOC = 1_000  # docs/DATA.md: ~1k tokens a document at the voyage's size
-BYTES_PER_TOKEN = 4.4  # docs/DATA.md: text bytes a Llama 3 token
+TOKENS_PER_DOC = 1_000  # shared/DATA.md (the data facts the project was given): ~1k tokens a document at the voyage's size
+BYTES_PER_TOKEN = 4.4  # shared/DATA.md (the data facts the project was given): text bytes a Llama 3 token
 DOCS_PER_SHARD = 100_000  # ingest's max_docs_per_shard
 DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
 DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.dedup.runs.record_dtype)

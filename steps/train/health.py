@@ -16,7 +16,7 @@ An MoE run's health is its routing; these are cheap to compute and logged at eve
 Router entropy needs the router's probabilities, which the MoE layer does not keep: `Entropy`
 hooks each MoE layer's forward during the micro-batches of a logged step only and recomputes
 the router logits from the layer's input (one D x E matmul per token, a few percent of the
-layer, on one step in `log_every`). bench/health_overhead.py measures the whole cost.
+layer, on one step in `log_every`). `bench/train_ops.py health` measures the whole cost.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A local filesystem with injected write latency, as fsspec protocol `slow://` (tests and
-bench/checkpoint_stall.py): each checkpoint data file opened for writing waits SLOW_WRITE_S
+`bench/train_ops.py stall`): each checkpoint data file opened for writing waits SLOW_WRITE_S
 seconds first, as an upload to a distant store would."""
 
 import os
