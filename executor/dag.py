@@ -99,11 +99,6 @@ class Dag:
         return out
 
 
-def iter_refs(value: Any) -> Iterator[InputRef]:
-    """Every InputRef anywhere inside a config value (executor.refs says where they may stand)."""
-    return iter(input_refs(value))
-
-
 def gc_paused(fn: Callable[..., T]) -> Callable[..., T]:
     """Run `fn` with the cyclic garbage collector paused: planning allocates many small objects
     and no cycles, and the collector's full passes made 100k-step plans superlinear."""

@@ -183,15 +183,6 @@ class Lineage:
             for source in self._names(hit) if hit else ():
                 yield node.name, policy, source
 
-    def violations(self, limit: int | None = None) -> list[Violation]:
-        """Every (step with a policy, source) pair the policy refuses, in DAG order, with paths."""
-        out: list[Violation] = []
-        for step, policy, source in self._refused():
-            out.append(Violation(step, policy, source, self.declared[source], self.path(source, step)))
-            if limit is not None and len(out) >= limit:
-                break
-        return out
-
     def check(self) -> None:
         """Raise VoyageError (one line) if a disallowed licence would reach a step with a policy:
         the first such step in DAG order, the source, its licence and the path of steps; how

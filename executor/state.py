@@ -55,9 +55,6 @@ PLAN_ORDER = (S.RUN, S.RERUN, S.STALE, S.RETRY, S.WAITING, S.BLOCKED, S.CACHED, 
 # Every state, most urgent first: a drawing's group box takes its most urgent member's colour.
 URGENCY = (S.FAILED, S.BLOCKED, S.RUNNING, S.WAITING, S.PENDING, S.STALE, S.RETRY, S.RERUN, S.RUN,
            S.INTERRUPTED, S.SUCCESS, S.CACHED, S.SKIPPED)
-# What a `.status` file may hold.
-STATUS_STATES = frozenset({S.RUNNING, S.SUCCESS, S.FAILED})
-
 # The run's table: from each outcome, where the runner may move a step. Decisions that run start
 # as PENDING; the others are final outcomes already (they have no row).
 TRANSITIONS: dict[StepState, frozenset[StepState]] = {
@@ -65,7 +62,6 @@ TRANSITIONS: dict[StepState, frozenset[StepState]] = {
     S.WAITING: frozenset({S.WAITING, S.RUNNING, S.CACHED, S.BLOCKED}),
     S.RUNNING: frozenset({S.SUCCESS, S.FAILED, S.BLOCKED, S.PENDING, S.WAITING}),
 }
-FINAL = frozenset(set(StepState) - set(TRANSITIONS))
 
 
 class InvalidTransition(RuntimeError):

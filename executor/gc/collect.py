@@ -31,7 +31,6 @@ everything else there (voyage pages, the pins file) is left alone.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 import time

@@ -59,8 +59,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from executor import InputPath, Resources, StepContext, VoyageError, run_only, step_type
-from steps.data.formats import DOCS_FORMAT, MANIFEST, DocumentWriter, document_shards, expand, iter_documents, \
-    join, read_json, url_fs, write_bytes
+from steps.data.formats import DOCS_FORMAT, DocumentWriter, document_shards, expand, iter_documents, \
+    join, url_fs, write_bytes
 from steps.data.provenance import LICENSES_KEY, folder_licenses, note_sources, to_manifest
 from steps.data.memory import GiB, checked
 from steps.data.budget import decontam_task_gb, ingest_task_gb
@@ -475,6 +475,3 @@ def read_contaminated(url: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def decontam_counts(url: str) -> dict[str, Any]:
-    """The `decontamination` block of a decontaminate output's manifest."""
-    return read_json(join(url, MANIFEST)).get("decontamination", {})

@@ -102,13 +102,6 @@ def write_bytes(url: str, data: bytes) -> None:
 
 # -- documents --------------------------------------------------------------------------------
 
-def _compression(path: str) -> str | None:
-    if path.endswith(".gz"):
-        return "gzip"
-    if path.endswith(".zst"):
-        return "zstd"
-    return None
-
 
 def open_lines(url: str, chunk: int = 1 << 20) -> Iterator[bytes]:
     """The raw lines (without newline) of a (possibly compressed) text file, streamed in chunks.
