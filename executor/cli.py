@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _left_to_exit() -> None:
     """A dry-run's process ends next: the plan it made (nodes and their consumers are reference
     cycles) is then freed by the OS at once, where the interpreter's last collection would first
-    walk it (0.02 s of a 0.3 s dry-run at 3,000 steps). A dry-run holds no file or lock that a
+    walk it (a small share of a dry-run: docs/benchmarks.md). A dry-run holds no file or lock that a
     collection would have to close; a caller of `main(argv)` keeps its collector as it was."""
     cyclic_gc.disable()
     cyclic_gc.freeze()

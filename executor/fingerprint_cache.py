@@ -2,8 +2,8 @@
 come out the same.
 
 Every `marin-run` is a new process, and the walk reads (parses, normalizes, hashes) every project
-module in a step function's import closure: for a voyage file of 3,000 generated steps that was
-0.6 s of CPU, more than the rest of its plan. Its result is a pure function of what it read and
+module in a step function's import closure: for a voyage file of 3,000 generated steps that cost
+more than the rest of its plan (docs/benchmarks.md). Its result is a pure function of what it read and
 what it asked: which file each module name resolves to, each module's label, whether a file is
 project code, and each file's bytes. So an entry holds the parts with every (question, answer)
 of the walk, and is served only after every question is asked again with the same answer, the

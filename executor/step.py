@@ -393,7 +393,7 @@ _LINE_TABLES: dict[int, tuple[Any, list[int], list[int | None]]] = {}
 def _line(code: Any, lasti: int) -> int:
     """The line of instruction `lasti` in `code`. `frame.f_lineno` scans the code's line table
     from its start on every call, so asking it once per Step of one long generated `voyage()`
-    made building N steps O(N^2) (0.3 s of CPU for 3,000); the table is read once per code."""
+    made building N steps O(N^2) (docs/benchmarks.md, whole-process planning); the table is read once per code."""
     table = _LINE_TABLES.get(id(code))
     if table is None or table[0] is not code:
         if len(_LINE_TABLES) >= 64:
