@@ -402,7 +402,7 @@ def _main(opts: Options, parser: argparse.ArgumentParser, want_help: bool) -> in
     if opts.which_saw:
         return _which_saw(opts, plan)
     if opts.viz or opts.explain:
-        return _look(opts, vf, plan)
+        return _inspect(opts, vf, plan)
     if opts.dry_run:
         from executor.placement import check_placement, local_nodes
 
@@ -665,7 +665,7 @@ def _print_voyage_summary(vf: VoyageFile, config: object, plan: Plan | None = No
         print(text)
 
 
-def _look(opts: Options, vf: VoyageFile, plan: Plan) -> int:
+def _inspect(opts: Options, vf: VoyageFile, plan: Plan) -> int:
     """--explain and --viz (with --dry-run, after the plan): they run nothing."""
     from executor.views import report
 

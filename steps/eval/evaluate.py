@@ -163,14 +163,14 @@ def score(job: EvalJob) -> None:
     import torch.distributed as dist
 
     from steps.data.paths import ref
-    from steps.train.parallel import arrange, pick_device, pick_precision
+    from steps.train.parallel import join_mesh, pick_device, pick_precision
 
     config = job.config
     device = pick_device(config.device)
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(job.cpus_per_worker)))
     had_group = dist.is_initialized()
-    parallel, _, _ = arrange(config.parallel, device, pick_precision("auto", device))
+    parallel, _, _ = join_mesh(config.parallel, device, pick_precision("auto", device))
     try:
         model = load_model(job.url, job.meta, device, parallel)
         dp = parallel.pc.dp
@@ -247,9 +247,9 @@ def load_model(url: str, meta: dict[str, Any], device: Any, parallel: Any = None
     from steps.moe.model import MoETransformer
     from steps.train import checkpoint
     from steps.train.config import ParallelConfig
-    from steps.train.parallel import Single
+    from steps.train.parallel import OneProcess
 
-    parallel = parallel or Single(ParallelConfig().resolve(1))
+    parallel = parallel or OneProcess(ParallelConfig().resolve(1))
     with torch.device("meta"):
         model = MoETransformer(_model_config(meta))
     model = parallel.parallelize(model)

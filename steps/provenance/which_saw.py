@@ -61,7 +61,7 @@ EXAMPLE = "kjv:kjv/Ge1"  # a real query of the laptop voyage: source kjv, docume
 
 
 @dataclass
-class Found:
+class SourceDocument:
     """A document of the source's ingested shards."""
 
     id: str
@@ -108,9 +108,9 @@ class Answer:
 
     source: str
     id: str
-    found: Found
+    found: SourceDocument
     survived: bool
-    keeper: Found | None  # the document it was merged with, when dedup removed it
+    keeper: SourceDocument | None  # the document it was merged with, when dedup removed it
     dataset: str  # the token dataset's step name
     document: int  # its index in the token dataset
     span: tuple[int, int]  # its tokens [start, end) in the token dataset (separators included)
@@ -118,7 +118,7 @@ class Answer:
     untrained: list[int]  # of those, the ones past the last whole batch (never trained on)
     training: list[Training]
     steps_read: dict[str, str] = field(default_factory=dict)  # what was read: step name -> output URL
-    also: list[Found] = field(default_factory=list)  # other documents of the source with the same id
+    also: list[SourceDocument] = field(default_factory=list)  # other documents of the source with the same id
     # the eval sets whose n-grams it (or its keeper) shares, when decontamination removed or marked it
     contamination: list[str] = field(default_factory=list)
     decontam_removed: bool = False
@@ -419,7 +419,7 @@ def _first_shards(dedup_url: str) -> dict[str, int]:
 
 
 def _keeper(plan: Plan, chain: dict[str, Any], firsts: dict[str, int], gid: int, shards: list[str],
-            first: int) -> Found:
+            first: int) -> SourceDocument:
     """The document a removed one was merged with, in whichever source of the dedup holds it."""
     shard, position = gid >> 32, gid & 0xFFFFFFFF
     source = max((f, n) for n, f in firsts.items() if f <= shard)[1]
@@ -464,7 +464,7 @@ def tokens_documents(plan: Plan, tok: Any) -> str:
 
 # -- reading -----------------------------------------------------------------------------------
 
-def find_documents(shards: list[str], doc_id: str) -> list[Found]:
+def find_documents(shards: list[str], doc_id: str) -> list[SourceDocument]:
     """Every document whose `id` is `doc_id`, in the shards' order. A line is parsed only when it
     holds the id's JSON string (any escaping ingest may have written is matched after parsing)."""
     needles = {json.dumps(doc_id, ensure_ascii=False).encode(), json.dumps(doc_id).encode()}
@@ -475,19 +475,19 @@ def find_documents(shards: list[str], doc_id: str) -> list[Found]:
             if not line.strip():
                 continue
             if any(n in line for n in needles) and json.loads(line).get("id") == doc_id:
-                found.append(Found(doc_id, shard, position))
+                found.append(SourceDocument(doc_id, shard, position))
             position += 1
     return found
 
 
-def document_at(shards: list[str], shard: int, position: int) -> Found:
+def document_at(shards: list[str], shard: int, position: int) -> SourceDocument:
     """The document at `position` of input shard `shard` (its id)."""
     k = 0
     for line in open_lines(shards[shard]):
         if not line.strip():
             continue
         if k == position:
-            return Found(str(json.loads(line).get("id")), shard, position)
+            return SourceDocument(str(json.loads(line).get("id")), shard, position)
         k += 1
     raise VoyageError(f"--which-saw: {shards[shard]} has no document {position}: dedup's duplicates.npy does not "
                       "match the documents it read")

@@ -51,7 +51,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from executor import VoyageError, write_atomic
-from steps.train.checkpoint_policy import (CHECKPOINTS, FILES, META, RUN, CheckpointConfig, Found,  # noqa: F401
+from steps.train.checkpoint_policy import (CHECKPOINTS, FILES, META, RUN, CheckpointConfig, SavedCheckpoint,  # noqa: F401
                                            folder, list_checkpoints, root_of, size_problem, step_of)
 from steps.train.ranks import barrier, is_main, local, rng_state
 
@@ -72,7 +72,7 @@ class Writer(FsspecWriter):
         return None
 
 
-def resolve(url: str, field: str) -> Found:
+def resolve(url: str, field: str) -> SavedCheckpoint:
     """A checkpoint named by a training step's output (its newest checkpoint) or by a
     `checkpoints/step-N` folder itself."""
     n = step_of(url)
@@ -80,7 +80,7 @@ def resolve(url: str, field: str) -> Found:
         fs, path = fsspec.core.url_to_fs(url)
         if not fs.exists(posixpath.join(path, META)):
             raise VoyageError(f"{field}: {url} is not a complete checkpoint (no {META})")
-        return Found(n, url.rstrip("/"))
+        return SavedCheckpoint(n, url.rstrip("/"))
     found = list_checkpoints(url)
     if not found:
         raise VoyageError(f"{field}: no checkpoint under {url}")

@@ -68,7 +68,7 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
-class Found:
+class SavedCheckpoint:
     """A checkpoint folder: its step and URL."""
 
     step: int
@@ -89,7 +89,7 @@ def step_of(url: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
+def list_checkpoints(output: str, *, complete: bool = True) -> list[SavedCheckpoint]:
     """The checkpoint folders under a training output, oldest first (only complete ones, those
     with a meta.json, unless `complete=False`)."""
     fs, root = fsspec.core.url_to_fs(root_of(output))
@@ -101,7 +101,7 @@ def list_checkpoints(output: str, *, complete: bool = True) -> list[Found]:
     for entry in entries:
         n = step_of(entry)
         if n is not None and (not complete or fs.exists(posixpath.join(entry, META))):
-            found.append(Found(n, folder(output, n)))
+            found.append(SavedCheckpoint(n, folder(output, n)))
     return sorted(found, key=lambda f: f.step)
 
 

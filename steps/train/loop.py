@@ -46,10 +46,10 @@ from steps.train.health import Entropy
 from steps.train.health import row as health_row
 from steps.train.faults import Faults, Killed  # noqa: F401  (Killed: the tests' import)
 from steps.train.reporting import Reporter
-from steps.train.saving import Saver, agreed
+from steps.train.saving import Saver, on_rank0_under_lease
 from steps.train.spikes import DROP, OK, REWIND, SKIP, SpikeGuard
 from steps.train.watchdog import Watchdog
-from steps.train.parallel import arrange, materialize, pick_device, pick_precision, unwrap
+from steps.train.parallel import join_mesh, materialize, pick_device, pick_precision, unwrap
 from steps.train.tracking import flops_per_token, peak_flops
 
 
@@ -94,9 +94,9 @@ def build_model(model_config: Any, seed: int, device: torch.device, parallel: An
     (DDP) if the component wraps."""
     from steps.moe.model import MoETransformer
     from steps.train.config import ParallelConfig
-    from steps.train.parallel import Single
+    from steps.train.parallel import OneProcess
 
-    parallel = parallel or Single(ParallelConfig().resolve(1))
+    parallel = parallel or OneProcess(ParallelConfig().resolve(1))
     with torch.device("meta"):
         model = MoETransformer(model_config)
     model = materialize(parallel.parallelize(model), device, seed, offload=parallel.pc.offload == "all")
@@ -154,7 +154,7 @@ class Trainer:
         had_group = dist.is_initialized()
         precision = pick_precision(self.tcfg.precision, self.device)
         pc = self.tcfg.parallel.validate(self.world, job.model_config, self.cfg.data.batch_size, self.tcfg.microbatch)
-        self.parallel, self.places, self.order = arrange(pc, self.device, precision)
+        self.parallel, self.places, self.order = join_mesh(pc, self.device, precision)
         self.pc = pc
         self.own_group = dist.is_initialized() and not had_group  # bf16 on one worker: a group of one
         self.model = build_model(job.model_config, self.tcfg.seed, self.device, self.parallel)
@@ -186,7 +186,7 @@ class Trainer:
         """From this step's own newest checkpoint that verifies (an older one when the newest is
         refused), else from `init_from` (midtrain), else fresh."""
         # a superseded attempt of this lineage may be mid-save here: only the lease's holder deletes
-        agreed(self.ctx.fenced, "removing unfinished checkpoints", lambda: checkpoint.remove_incomplete(self.ctx.output))
+        on_rank0_under_lease(self.ctx.fenced, "removing unfinished checkpoints", lambda: checkpoint.remove_incomplete(self.ctx.output))
         own = checkpoint.list_checkpoints(self.ctx.output)
         if not own and self.job.init_from is not None and self.job.init_weights_only:
             # imported weights: a fresh optimizer, the run's schedule at this phase's start
@@ -197,7 +197,7 @@ class Trainer:
         if not own and (self.job.init_from is None or self.job.init_weights_only):
             torch.manual_seed(self.tcfg.seed * 1_000_003 + self.rank + 1)  # nothing samples today
             return
-        candidates = own or [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+        candidates = own or [checkpoint.SavedCheckpoint(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
         restored = self.restore(candidates)
         if restored is None:
             raise checkpoint.CorruptCheckpoint(
@@ -213,7 +213,7 @@ class Trainer:
         if self.main:
             self.ctx.logger.info("%s: resumed from %s (step %d)", self.ctx.name, source.url, self.step)
 
-    def restore(self, candidates: list[checkpoint.Found]) -> tuple[checkpoint.Found, dict[str, Any]] | None:
+    def restore(self, candidates: list[checkpoint.SavedCheckpoint]) -> tuple[checkpoint.SavedCheckpoint, dict[str, Any]] | None:
         """Load the newest of `candidates` that verifies (model, optimizer, scheduler, RNG) and
         return it with its train state; None when none does. A refused checkpoint is said in one
         line and never tried again by this attempt (until it is saved anew)."""
@@ -343,7 +343,7 @@ class Trainer:
         self.saver.finish()
         good = [f for f in checkpoint.list_checkpoints(self.ctx.output) if f.step <= first]
         if not good and self.job.init_from is not None and not self.job.init_weights_only:
-            good = [checkpoint.Found(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
+            good = [checkpoint.SavedCheckpoint(checkpoint.step_of(self.job.init_from) or 0, self.job.init_from)]
         restored = self.restore(good)  # never a checkpoint that failed verification
         if restored is None:  # nothing to go back to: the outliers stay skipped updates
             self.spikes.not_rewound("no checkpoint before the spike to rewind to" if not good else

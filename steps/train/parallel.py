@@ -30,7 +30,7 @@ process group of the full world size as well):
   business: steps/train/offload.py).
 
 Components (`build_parallel`):
-- `Single`: one process, no torch.distributed (fp32).
+- `OneProcess`: one process, no torch.distributed (fp32).
 - `DDP`: fp32 with no sharding at all (dp_shard 1, ep 1): torch DistributedDataParallel, buffers
   not broadcast, gradient sync on the last micro-batch only (every rank holds whole gradients
   anyway); bitwise equal to one worker running the same micro-batches.
@@ -65,7 +65,7 @@ from steps.train.config import ParallelConfig  # noqa: F401  (re-exported: the p
 from steps.train.recompute import apply_checkpointing
 
 __all__ = ["ParallelConfig", "Meshes", "build_meshes", "parallelize", "materialize", "mixed_precision",
-           "build_parallel", "arrange", "clip_grad_norm", "Single", "DDP", "FSDP", "ShardedReplicas"]
+           "build_parallel", "join_mesh", "clip_grad_norm", "OneProcess", "DDP", "FSDP", "ShardedReplicas"]
 
 
 @dataclass
@@ -236,7 +236,7 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, shard_group:
     return total
 
 
-class Single:
+class OneProcess:
     """One process, no torch.distributed: the model as it is."""
 
     loss_divisor = 1  # what the summed loss of a rank is divided by (besides the micro-batches)
@@ -266,7 +266,7 @@ class Single:
         return clip_grad_norm(model.parameters(), max_norm, self.norm_group)
 
 
-class DDP(Single):
+class DDP(OneProcess):
     """Plain data parallelism in fp32 (dp_shard 1, ep 1): DistributedDataParallel, which
     averages gradients itself."""
 
@@ -288,7 +288,7 @@ class DDP(Single):
         return contextlib.nullcontext() if last else model.no_sync()
 
 
-class FSDP(Single):
+class FSDP(OneProcess):
     """FSDP2 / HSDP with expert parallelism over `meshes` (see the module docstring)."""
 
     def __init__(self, meshes: Meshes, precision: str) -> None:
@@ -346,9 +346,9 @@ class ShardedReplicas(FSDP):
 
 
 def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
-                   ranks: list[int] | None = None) -> Single:
+                   ranks: list[int] | None = None) -> OneProcess:
     """The component for this run: FSDP for bf16, offload="all" or any sharding, DDP for fp32
-    replication only, Single for one fp32 process. FSDP on one worker starts a 1-rank process
+    replication only, OneProcess for one fp32 process. FSDP on one worker starts a 1-rank process
     group for FSDP2's mesh (the caller destroys it)."""
     if (precision == "bf16" or pc.offload == "all") and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -356,7 +356,7 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     world = dist.get_world_size() if dist.is_initialized() else 1
     pc = pc.resolve(world)
     if not dist.is_initialized():
-        return Single(pc)
+        return OneProcess(pc)
     ranks = list(range(world)) if ranks is None else ranks
     if precision != "bf16" and pc.dp_shard == 1 and pc.ep == 1 and pc.offload not in ("all", "replicas"):
         return DDP(pc, device, ranks)
@@ -364,7 +364,7 @@ def build_parallel(pc: ParallelConfig, device: torch.device, precision: str,
     return component(build_meshes(pc, device.type, ranks), precision)
 
 
-def arrange(pc: ParallelConfig, device: torch.device, precision: str) -> tuple[Single, list, list[int]]:
+def join_mesh(pc: ParallelConfig, device: torch.device, precision: str) -> tuple[OneProcess, list, list[int]]:
     """This worker's component, after every worker's place was gathered and the mesh order taken
     from them (steps/train/topology.py); refuses an expert-parallel group that spans racks.
     Returns (component, places by global rank, mesh order). A collective."""

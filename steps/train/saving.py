@@ -123,7 +123,7 @@ def _unfenced(what: str) -> Any:
     return contextlib.nullcontext()
 
 
-def agreed(fence: Callable[[str], Any], what: str, act: Callable[[], Any]) -> None:
+def on_rank0_under_lease(fence: Callable[[str], Any], what: str, act: Callable[[], Any]) -> None:
     """Rank 0 runs `act` inside `fence(what)` (StepContext.fenced: only while the attempt holds
     the step's lease); every rank raises LeaseLost if rank 0 could not, so none waits in a
     collective for a rank that stopped (one 4-byte all-reduce)."""
@@ -181,7 +181,7 @@ class Saver:
             raise NonFinite(f"step {step}: the state to checkpoint holds non-finite values in {len(bad)} tensors "
                             f"({', '.join(bad[:3])}); no checkpoint written")
         # what an earlier, killed save of this step may have left goes; a superseded attempt stops here
-        agreed(self.fence, f"saving checkpoint step-{step}", lambda: checkpoint._rm(url))
+        on_rank0_under_lease(self.fence, f"saving checkpoint step-{step}", lambda: checkpoint._rm(url))
         barrier()
         rngs = [None] * dist.get_world_size() if dist.is_initialized() else [None]
         if dist.is_initialized():
@@ -253,7 +253,7 @@ class Saver:
             write_atomic(f"{p.url}/{META}", json.dumps(p.meta, indent=1, sort_keys=True).encode(), fsync=True)
             checkpoint.prune(self.output, self.policy)
 
-        agreed(self.fence, f"marking checkpoint step-{p.step} complete", mark)
+        on_rank0_under_lease(self.fence, f"marking checkpoint step-{p.step} complete", mark)
         barrier()
         return p.step
 

@@ -45,16 +45,16 @@ def make_mixture(tokens, output, *, sequences, seq_len=33, stages=((0.75, {"kjv"
 
 
 def write_if_agreed(lease, folder):
-    """On each spawned rank: `saving.agreed` around rank 0's write of `folder/written`; each rank
+    """On each spawned rank: `saving.on_rank0_under_lease` around rank 0's write of `folder/written`; each rank
     writes what it got to `folder/rankN.txt` (test_train_async)."""
     import torch.distributed as dist
 
     from executor import LeaseLost
-    from steps.train.saving import agreed
+    from steps.train.saving import on_rank0_under_lease
 
     ctx = StepContext(name="pre", output=folder, digest="0" * 64, lease=lease, resumable=True)
     try:
-        agreed(ctx.fenced, "a test write", lambda: open(f"{folder}/written", "w").close())
+        on_rank0_under_lease(ctx.fenced, "a test write", lambda: open(f"{folder}/written", "w").close())
         said = "ok"
     except LeaseLost as e:
         said = f"LeaseLost: {e}"

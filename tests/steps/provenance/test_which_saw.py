@@ -448,12 +448,12 @@ def test_descendants_through_import_and_export(v535, tmp_path):
 
 
 def test_the_text_cuts_long_lists_and_says_so_the_json_never_does():
-    from steps.provenance.which_saw import Answer, Found, Training
+    from steps.provenance.which_saw import Answer, SourceDocument, Training
 
     steps = list(range(0, 60, 2))  # 30 runs of one step
     t = Training(step="pretrain/x", phase="pretrain", state="CACHED", steps=steps, phase_steps=(0, 64),
                  first_checkpoint=1, checkpoints_now=[64])
-    answer = Answer(source="s", id="d", found=Found("d", 0, 0), survived=True, keeper=None, dataset="tokenized/s",
+    answer = Answer(source="s", id="d", found=SourceDocument("d", 0, 0), survived=True, keeper=None, dataset="tokenized/s",
                     document=0, span=(0, 10), sequences=[s * 4 for s in steps], untrained=[], training=[t])
     text = answer.describe()
     assert "... (18 more runs)" in text and "(lists cut short; --json gives them whole)" in text

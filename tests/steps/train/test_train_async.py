@@ -115,7 +115,7 @@ def test_async_saves_on_two_ranks_are_marked_while_training_goes_on(mix, tmp_pat
 
 @pytest.mark.parametrize("taken_over", [True, False])
 def test_two_ranks_agree_on_a_lost_lease_before_a_write(tmp_path, taken_over):
-    """`saving.agreed`: rank 0 checks the lease around the write; when another executor holds it,
+    """`saving.on_rank0_under_lease`: rank 0 checks the lease around the write; when another executor holds it,
     both ranks raise LeaseLost (the other one by one all-reduce, not waiting in a collective for
     a rank that stopped) and nothing is written; while the lease is ours rank 0 writes."""
     from executor.context import LeaseRef
