@@ -41,6 +41,47 @@ def read(prefix: str, plan, name: str, file: str):
     return json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan[name].node.dirname), file)))
 
 
+class CpuMeter:
+    """CPU seconds (user + system) of this process and every process under it (Ray's workers),
+    sampled every `every` s: each process's last sample counts, so a process that ends between
+    samples loses at most `every` s. The machine is shared: CPU time, not wall time, is what the
+    ladder costs (`wall / (cpu / cores)` is how much the load slowed it)."""
+
+    def __init__(self, every: float = 0.25):
+        import threading
+
+        self.every, self.seen, self.stop = every, {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+                self.seen[(proc.pid, proc.create_time())] = t.user + t.system
+            except psutil.Error:
+                pass
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> "CpuMeter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sample()
+        self.stop.set()
+        self.thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+
 def pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b
 
@@ -58,7 +99,8 @@ def main() -> int:
     prefix = args.prefix or tempfile.mkdtemp(prefix="ladder-laptop-")
     os.chdir(ROOT)  # the bundled corpus is named by repository-relative paths
     t0 = time.time()
-    _, summary = run_steps(built.steps, prefix, voyage="535b-ladder")
+    with CpuMeter() as meter:
+        _, summary = run_steps(built.steps, prefix, voyage="535b-ladder")
     wall = time.time() - t0
     if summary.exit_code:
         print("FAILED:", [(o.name, o.error) for o in summary.failed])
@@ -80,16 +122,21 @@ def main() -> int:
             for step in (pre, mid):
                 rec = read(prefix, plan, step.name, ".step.json")
                 walls[r.name] += float((rec.get("results") or {}).get("wall_s") or 0.0)
-    print(f"laptop ladder: {len(built.rungs)} rungs, {wall:.0f} s wall on this machine "
-          f"(data steps, every rung's seeds, fit, seal, target, check; {os.cpu_count()} cores)")
-    print(f"  {'rung':<6} {'width':>5} {'active':>8} {'tokens':>8} {'steps':>5} {'FLOPs':>9} {'seeds':>5} "
-          f"{'loss':>8} {'train s':>8}")
+    cores = os.cpu_count() or 1
+    print(f"laptop ladder: {len(built.rungs)} rungs (data steps, every rung's seeds, fit, seal, target, check): "
+          f"{meter.seconds:.0f} CPU s in all processes, so {meter.seconds / cores:.0f} s on {cores} idle cores; "
+          f"{wall:.0f} s wall on this machine (load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"  {'rung':<12} {'width':>5} {'layers':>6} {'heads':>5} {'active':>8} {'tokens':>8} {'steps':>5} {'batch':>5} "
+          f"{'lr':>7} {'FLOPs':>9} {'seeds':>5} {'loss (per seed)':<26} {'train s':>8}")
     rungs = {r["name"]: r for r in fit["rungs"]}
     for r in built.rungs:
         s = r.sized
         loss = rungs[r.name]["loss"] if r.name in rungs else actual
-        print(f"  {r.name:<6} {s.model.dim:>5} {s.active_params:>8,} {s.tokens:>8,.0f} {s.steps:>5} {s.flops:>9.3g} "
-              f"{len(r.runs):>5} {loss:>8.4f} {walls[r.name]:>8.0f}")
+        per_seed = rungs[r.name].get("seed_losses") if r.name in rungs else None
+        seeds = f" ({', '.join(f'{x:.4f}' for x in per_seed)})" if per_seed and len(per_seed) > 1 else ""
+        print(f"  {r.name:<12} {s.model.dim:>5} {s.model.n_layers:>6} {s.model.n_heads:>5} {s.active_params:>8,} "
+              f"{s.tokens:>8,.0f} {s.steps:>5} {s.batch:>5} {s.lr:>7.4f} {s.flops:>9.3g} {len(r.runs):>5} "
+              f"{f'{loss:.4f}{seeds}':<26} {walls[r.name]:>8.0f}")
     law = fit["law"]
     print(f"  law on rungs 1-4: L(C) = {law['E']:.4f} + {law['A']:.4g} C^-{law['alpha']:.4f} "
           f"(floor {'pinned' if fit['floor'] is not None else 'fitted'}; eval `{fit['metric']}`)")

@@ -218,11 +218,14 @@ class VoyageConfig:
 
 # The ladders (docs/ladder.md). Full scale: 5 rungs about 4x apart in compute, 0.8% of the 535B
 # run's compute together (the anchors' ladders cost 0.4-1%), every rung fitted, the 535B run the
-# target. Laptop: 5 rungs of the tiny MoE, about 3-4x apart, the top one (the laptop recipe's own
-# size) held out and predicted from the other four.
+# target. Laptop: 5 rungs of the tiny MoE (depth and heads fixed, the width grown: LAPTOP_SHAPE),
+# evenly spaced in log compute from the narrowest width (16) to the laptop recipe's own size, about
+# 3x apart, the top one held out and predicted from the other four, each of those at 2 seeds so
+# that the band carries the measured seed-to-seed noise (docs/ladder.md "The laptop ladder's design").
 FULL_LADDER = Ladder(rungs=("6e19flops", "2.5e20flops", "1e21flops", "4e21flops", "1.6e22flops"),
                      seeds=(2, 2, 1, 1, 1), target="run", metric="datasets.heldout.loss")
-LAPTOP_LADDER = Ladder(rungs=("22k", "37k", "69k", "111k", "216k"), seeds=(2, 2, 1, 1, 1), target="top", metric="loss")
+LAPTOP_LADDER = Ladder(rungs=("1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops", "9.5e11flops"),
+                       seeds=(2, 2, 2, 2, 1), target="top", metric="loss")
 
 
 def release_policy(config: VoyageConfig) -> LicensePolicy | None:

@@ -1,6 +1,7 @@
 """A ladder's declaration and the plan-time checks on its rungs (docs/ladder.md).
 
-    LADDER = Ladder(rungs=("22k", "37k", "69k", "111k", "216k"), seeds=(2, 2, 1, 1, 1), target="top")
+    LADDER = Ladder(rungs=("1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops", "9.5e11flops"),
+                    seeds=(2, 2, 2, 2, 1), target="top")
 
 Each rung is the recipe at one size (steps/ladder/recipe.py): its training config must equal the
 recipe's at that size in every identity field but the seed and the mixture it reads (the rung's

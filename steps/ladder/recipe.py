@@ -13,8 +13,9 @@ the optimizer (AdamW, betas, weight decay, the schedule's shape). What follows f
 - width: the grid point (a multiple of `width_step`) whose active parameters (or compute) lie
   nearest the target on a log scale;
 - heads: width / head_dim (at least 1); kv heads: the largest divisor of the heads at most
-  heads / kv_group; depth: width / width_per_layer (at least `min_layers`); an expert's width:
-  width / expert_div; a shared expert's: width x shared_mult;
+  heads / kv_group; depth: width / width_per_layer (at least `min_layers`); or, for a shape that
+  fixes them (the laptop's), the recipe's depth and heads at every size, a head width / heads
+  wide; an expert's width: width / expert_div; a shared expert's: width x shared_mult;
 - tokens: `tokens_per_param` x the active parameters (the recipe's own ratio: its tokens over its
   active parameters, so the recipe is a point of its rule; Gadre et al.: at a fixed ratio loss is
   a power law in compute);
@@ -55,27 +56,46 @@ class ShapeRule:
     width_step: int  # widths are multiples of this
     min_layers: int = 2
     max_width_steps: int = 4096
+    # Fixed instead of grown (0: grown by the rules above). `layers`: every size has this depth.
+    # `heads`: every size has these heads (and `kv_group`'s kv heads), each width / heads wide
+    # (head_dim is then ignored), so attention is exactly as wide as the model at every size.
+    layers: int = 0
+    heads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.heads and self.width_step % (2 * self.heads):
+            raise VoyageError(f"shape: width_step {self.width_step} must be a multiple of 2 x heads ({self.heads}): "
+                              f"a head's width (width / heads) must be even for the rotary embedding")
 
     def shape(self, base: MoEConfig, width: int) -> MoEConfig:
-        heads = max(1, round(width / self.head_dim))
+        heads = self.heads or max(1, round(width / self.head_dim))
+        head_dim = width // self.heads if self.heads else self.head_dim
         want = max(1, heads // self.kv_group)
         kv = max(d for d in range(1, want + 1) if heads % d == 0)
+        layers = self.layers or max(self.min_layers, round(width / self.width_per_layer))
         return dataclasses.replace(
-            base, dim=width, n_heads=heads, n_kv_heads=kv, n_layers=max(self.min_layers, round(width / self.width_per_layer)),
+            base, dim=width, n_heads=heads, n_kv_heads=kv, head_dim=head_dim, n_layers=layers,
             expert_dim=max(1, round(width / self.expert_div)),
             shared_expert_dim=max(1, round(width * self.shared_mult)))
 
     def overrides(self, base: MoEConfig, width: int) -> dict[str, int]:
         """The MoEConfig fields a width changes, as a ModelSpec's overrides."""
         m = self.shape(base, width)
-        return {k: getattr(m, k) for k in ("dim", "n_heads", "n_kv_heads", "n_layers", "expert_dim",
-                                           "shared_expert_dim")}
+        keys = ("dim", "n_heads", "n_kv_heads", "n_layers", "expert_dim", "shared_expert_dim")
+        if self.heads:
+            keys = keys + ("head_dim",)
+        return {k: getattr(m, k) for k in keys}
 
 
 # The 535B-A23B shape: 6144 wide, 48 heads of 128 (16 kv), 48 layers, experts 1536, shared 3072.
 FULL_SHAPE = ShapeRule(head_dim=128, width_per_layer=128, kv_group=3, expert_div=4, shared_mult=0.5, width_step=128)
-# The laptop's `tiny` shape: 64 wide, 4 heads of 16 (2 kv), 4 layers, experts 32, shared 64.
-LAPTOP_SHAPE = ShapeRule(head_dim=16, width_per_layer=16, kv_group=2, expert_div=2, shared_mult=1.0, width_step=8)
+# The laptop's `tiny` shape: 64 wide, 4 heads of 16 (2 kv), 4 layers, experts 32, shared 64. At
+# laptop widths (16-64) a depth of width/16 is flat at its minimum for the narrow rungs and then
+# jumps (2, 2, 2, 3, 4 layers: the first ladder's rungs, docs/ladder.md "The laptop ladder's
+# design"), so the laptop fixes depth and heads at the recipe's and grows only the width: every
+# matrix then grows with it (attention 3 x width^2 a layer, experts and shared expert alike).
+LAPTOP_SHAPE = ShapeRule(head_dim=16, width_per_layer=16, kv_group=2, expert_div=2, shared_mult=1.0, width_step=8,
+                         layers=4, heads=4)
 
 
 @dataclass(frozen=True)
@@ -234,8 +254,10 @@ class SizeRule:
         s = self.shape
         return (f"tokens {self.tokens_per_param:.4g} per active parameter; batch ~ C^{self.batch_exponent} and "
                 f"lr ~ C^{self.lr_exponent} through the recipe ({self.anchor_batch:,} sequences, lr "
-                f"{self.anchor_lr:g} at {self.anchor_flops:.3g} FLOPs); heads of {s.head_dim}, a layer per "
-                f"{s.width_per_layer} of width, kv heads 1/{s.kv_group}, experts width/{s.expert_div}, shared "
+                f"{self.anchor_lr:g} at {self.anchor_flops:.3g} FLOPs); "
+                + (f"{s.heads} heads of width/{s.heads}" if s.heads else f"heads of {s.head_dim}")
+                + (f", {s.layers} layers at every width" if s.layers else f", a layer per {s.width_per_layer} of width")
+                + f", kv heads 1/{s.kv_group}, experts width/{s.expert_div}, shared "
                 f"x{s.shared_mult:g}; warm-up {self.warmup_share:.2%} of the steps; switch at "
                 f"{self.pretrain_share:.0%}")
 

@@ -3,7 +3,7 @@
 reference for any training step (docs/ladder.md).
 
     fit = Step("ladder/fit", ladder_fit, FitConfig(rungs=(RungResult("rung1", 4.5e10, evals=(output_of(ev),)), ...),
-                                                   target="ladder/216k", target_compute=9.5e11))
+                                                   target="ladder/9.5e11flops", target_compute=9.5e11))
     pred = Step("ladder/predict", ladder_predict, PredictConfig(fit=output_of(fit), flops_per_token=...))
     # the target's training step takes the prediction as an input: TrainConfig(law=output_of(pred), ...)
     check = Step("ladder/check", ladder_check, CheckConfig(prediction=output_of(pred),

@@ -39,14 +39,14 @@ def test_the_laptop_ladder_seals_trains_and_checks(laptop_voyage, laptop_copy, c
 
     verdict = read("ladder/check", "verdict.json")
     sealed = read("ladder/predict", "prediction.json")
-    target = read("pretrain/ladder/216k/s0", ".step.json")
+    target = read("pretrain/ladder/9.5e11flops/s0", ".step.json")
     assert verdict["verdict"] in ("HIT", "MISS") and verdict["prediction"]["digest"] == sealed["digest"]
     assert sealed["sealed"]["sealed_at"] < target["attempts"][0]["started"]
     assert "the law at" in target["results"]["law"]["text"]
-    ev = read("eval/ladder/216k/s0", "results.json")
+    ev = read("eval/ladder/9.5e11flops/s0", "results.json")
     assert verdict["landed"] == ev["loss"]
 
-    card = open(os.path.join(prefix, store.served_dir(plan["card/ladder/216k"].node.dirname), "MODEL_CARD.md")).read()
+    card = open(os.path.join(prefix, store.served_dir(plan["card/ladder/9.5e11flops"].node.dirname), "MODEL_CARD.md")).read()
     assert f"**{verdict['line']}**" in card
 
     from executor.cli import main

@@ -59,6 +59,29 @@ def test_the_rule_through_the_recipe_gives_the_recipe_at_its_own_size(v535):
         assert rule.at(f"{own.active_params}").model == own.model  # the nearest width to its own count
 
 
+def test_the_laptop_shape_fixes_depth_and_heads_and_grows_every_matrix_with_the_width():
+    """The laptop's rule keeps the recipe's 4 layers and 4 heads (2 kv) at every width, a head
+    width/4 wide, so attention is 3 x width^2 a layer like the experts' 3 x width^2 (top-2 of
+    width/2) and the shared expert's: per-layer parameters are a fixed multiple of width^2, with
+    no step where depth or a head count jumps. The full shape still grows depth and heads."""
+    from steps.ladder.recipe import FULL_SHAPE, LAPTOP_SHAPE, ShapeRule
+    from steps.moe.config import PRESETS, param_counts
+
+    tiny = PRESETS["tiny"]
+    assert LAPTOP_SHAPE.shape(tiny, 64) == tiny  # the recipe is a point of its rule
+    per_layer = []
+    for w in range(16, 129, 8):
+        m = LAPTOP_SHAPE.shape(tiny, w)
+        assert (m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim * 4) == (4, 4, 2, w)
+        one = dataclasses.replace(m, n_layers=1)
+        per_layer.append(param_counts(one)[1] - param_counts(dataclasses.replace(m, n_layers=0))[1])
+        assert per_layer[-1] == 9 * w * w + 10 * w  # attention 3w^2, 2 experts 3w^2, shared 3w^2, router, norms
+    big = [FULL_SHAPE.shape(tiny, w) for w in (1024, 2048)]
+    assert [(m.n_layers, m.n_heads) for m in big] == [(8, 8), (16, 16)]
+    with pytest.raises(VoyageError, match="width_step 12 must be a multiple of 2 x heads"):
+        ShapeRule(head_dim=16, width_per_layer=16, kv_group=2, expert_div=2, shared_mult=1.0, width_step=12, heads=4)
+
+
 def test_size_follows_declared_rules_and_keeps_the_recipe(v535):
     """--size changes only the shape, tokens, batch, lr and warm-up; routing geometry, the
     mixture's ratios and switch, the tokenizer and the optimizer stay. Tokens are the recipe's
@@ -139,18 +162,24 @@ def test_the_laptop_ladder_shares_the_data_steps_and_holds_out_its_top_rung(v535
     tokenized = {d.name for d in mixtures[0].deps}
     assert all({d.name for d in m.deps} == tokenized for m in mixtures) and tokenized <= names
     fit = dag["ladder/fit"]
-    assert sorted(d.name for d in fit.deps) == ["eval/ladder/111k/s0", "eval/ladder/22k/s0", "eval/ladder/22k/s1",
-                                                "eval/ladder/37k/s0", "eval/ladder/37k/s1", "eval/ladder/69k/s0"]
+    assert sorted(d.name for d in fit.deps) == sorted(f"eval/ladder/{r}/s{s}" for s in (0, 1) for r in (
+        "1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops"))  # two seeds on every fitted rung
     # the held-out top rung trains after the seal, taking it as an input (its identity includes it)
-    top = dag["pretrain/ladder/216k/s0"]
+    top = dag["pretrain/ladder/9.5e11flops/s0"]
     assert "ladder/predict" in {d.name for d in top.deps}
-    assert {d.name for d in dag["ladder/check"].deps} == {"ladder/predict", "pretrain/ladder/216k/s0",
-                                                          "eval/ladder/216k/s0"}
-    assert "ladder/check" in {d.name for d in dag["card/ladder/216k"].deps}  # the target's card carries the verdict
+    assert {d.name for d in dag["ladder/check"].deps} == {"ladder/predict", "pretrain/ladder/9.5e11flops/s0",
+                                                          "eval/ladder/9.5e11flops/s0"}
+    assert "ladder/check" in {d.name for d in dag["card/ladder/9.5e11flops"].deps}  # the target's card carries the verdict
     # every rung's eval scores the windows the top rung's mixture never draws: the same for all
-    assert {n.step.config.mixture.step_name for n in dag if n.name.startswith("eval/ladder/")} == {"ladder/216k/mixture"}
+    assert {n.step.config.mixture.step_name for n in dag if n.name.startswith("eval/ladder/")} == {"ladder/9.5e11flops/mixture"}
     # the top rung is the laptop recipe at its own size
     assert top.step.config.model.overrides["dim"] == 64 and top.step.config.data.batch_size == 32
+    assert top.step.config.model.overrides["head_dim"] == 16  # 4 heads of 16: the tiny preset's own
+    # every rung has the recipe's depth and heads; only the width (and what follows it) grows
+    shapes = [dag[f"pretrain/ladder/{r}/s0"].step.config.model.overrides for r in (
+        "1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops", "9.5e11flops")]
+    assert [(o["n_layers"], o["n_heads"], o["n_kv_heads"]) for o in shapes] == [(4, 4, 2)] * 5
+    assert [o["dim"] for o in shapes] == [16, 24, 32, 48, 64] and all(o["head_dim"] * 4 == o["dim"] for o in shapes)
 
 
 def test_a_rung_that_is_not_the_recipe_is_refused_naming_the_field(v535):
@@ -171,7 +200,7 @@ def test_a_rung_that_is_not_the_recipe_is_refused_naming_the_field(v535):
         train = dataclasses.replace(train, optimizer=dataclasses.replace(train.optimizer, beta2=0.99))
         r.runs = [v535.train_eval(config, r.scale, f"ladder/{r.name}/s0", train, res, heldout)]
 
-    with pytest.raises(VoyageError, match=r"rung 37k: its training differs from the recipe's in optimizer.beta2 "
+    with pytest.raises(VoyageError, match=r"rung 3.7e10flops: its training differs from the recipe's in optimizer.beta2 "
                                           r"\(0.99, the recipe at this size has 0.95\)"):
         build(beta2)
 
@@ -182,7 +211,7 @@ def test_a_rung_that_is_not_the_recipe_is_refused_naming_the_field(v535):
                   recipe.config.stages[1])
         r.mixture = v535.Step(recipe.name, recipe.type, dataclasses.replace(recipe.config, stages=stages))
 
-    with pytest.raises(VoyageError, match=r"rung 37k: its mixture differs from the recipe's in stages\[0\].weights"):
+    with pytest.raises(VoyageError, match=r"rung 3.7e10flops: its mixture differs from the recipe's in stages\[0\].weights"):
         build(ratios)
 
 
@@ -190,11 +219,11 @@ def test_editing_the_ladder_after_the_prediction_makes_a_new_target(v535):
     """The target's identity includes its sealed prediction: any edit of the ladder (a rung, a
     seed, the floor) gives the target another digest, so a prediction cannot be swapped under a
     trained target; an unchanged ladder gives the same one."""
-    name = "pretrain/ladder/216k/s0"
+    name = "pretrain/ladder/9.5e11flops/s0"
     base = dag_of(v535, laptop=True, ladder=True)[name].digest
     assert dag_of(v535, laptop=True, ladder=True)[name].digest == base
-    edits = [dict(ladder_floor=1.5), dict(ladder_seeds="1,2,1,1,1"), dict(ladder_rungs="22k,40k,69k,111k,216k",
-                                                                          ladder_seeds="2,2,1,1,1")]
+    edits = [dict(ladder_floor=1.5), dict(ladder_seeds="1,2,1,1,1"), dict(
+        ladder_rungs="1.2e10flops,3.7e10flops,1.1e11flops,2e11flops,9.5e11flops", ladder_seeds="2,2,2,2,1")]
     digests = {dag_of(v535, laptop=True, ladder=True, **e)[name].digest for e in edits}
     assert base not in digests and len(digests) == len(edits)
     # the full run as the target: tests/voyages/test_535b.py (whose worker holds the full plan)
