@@ -43,7 +43,7 @@ from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.data.tokenizer import PinTokenizerConfig, TrainTokenizerConfig, pin_tokenizer, train_tokenizer
 from steps.export.to_hf import ExportHFConfig, export_hf
 from steps.ladder.ladder import Ladder, check_growing, check_rung
-from steps.ladder.recipe import FULL_SHAPE, LAPTOP_SHAPE, SizeRule, Sized, gpu_hours, human, parse_size
+from steps.ladder.recipe import FULL_SHAPE, LAPTOP_SHAPE, LR_EXPONENT, SizeRule, Sized, gpu_hours, human, parse_size
 from steps.ladder.steps import (CheckConfig, FitConfig, PredictConfig, RungResult, ladder_check, ladder_fit,
                                 ladder_predict)
 from steps.moe.config import PRESETS, MoEConfig, flops_per_token, param_counts
@@ -266,7 +266,11 @@ def rule_of(config: VoyageConfig) -> SizeRule:
                               batch=base.batch_size, seq_len=base.seq_len, lr=base.optimizer.lr,
                               warmup_steps=base.optimizer.warmup_steps,
                               shape=LAPTOP_SHAPE if config.laptop else FULL_SHAPE,
-                              pretrain_share=base.pretrain_tokens / tokens, batch_multiple=1 if config.laptop else 64)
+                              pretrain_share=base.pretrain_tokens / tokens, batch_multiple=1 if config.laptop else 64,
+                              # the laptop's peak lr is the recipe's at every width: measured on the
+                              # ladder's first rung (docs/ladder.md "The laptop ladder's design"),
+                              # DeepSeek's lr ~ C^-0.125 (0.0172 there) sat at the edge of divergence
+                              lr_exponent=0.0 if config.laptop else LR_EXPONENT)
 
 
 def scale_at(config: VoyageConfig, sized: Sized) -> Scale:

@@ -193,7 +193,8 @@ class SizeRule:
 
     @classmethod
     def of_recipe(cls, base: MoEConfig, *, tokens: float, batch: int, seq_len: int, lr: float, warmup_steps: int,
-                  shape: ShapeRule, pretrain_share: float = 0.8, batch_multiple: int = 1, min_batch: int = 4) -> "SizeRule":
+                  shape: ShapeRule, pretrain_share: float = 0.8, batch_multiple: int = 1, min_batch: int = 4,
+                  lr_exponent: float = LR_EXPONENT) -> "SizeRule":
         """The rule through the recipe's own point: its ratio, batch, lr and warm-up share.
         `tokens` are the recipe's mixture tokens (seq_len a sequence)."""
         steps = tokens / (batch * seq_len)
@@ -202,7 +203,7 @@ class SizeRule:
         return cls(base=base, shape=shape, tokens_per_param=targets / active, seq_len=seq_len,
                    anchor_flops=flops_per_token(base, seq_len - 1) * targets, anchor_batch=batch, anchor_lr=lr,
                    warmup_share=warmup_steps / steps, pretrain_share=pretrain_share, batch_multiple=batch_multiple,
-                   min_batch=min_batch)
+                   min_batch=min_batch, lr_exponent=lr_exponent)
 
     def widths(self) -> range:
         return range(self.shape.width_step, self.shape.width_step * self.shape.max_width_steps + 1, self.shape.width_step)
@@ -253,7 +254,7 @@ class SizeRule:
     def describe(self) -> str:
         s = self.shape
         return (f"tokens {self.tokens_per_param:.4g} per active parameter; batch ~ C^{self.batch_exponent} and "
-                f"lr ~ C^{self.lr_exponent} through the recipe ({self.anchor_batch:,} sequences, lr "
+                f"lr ~ C^{self.lr_exponent:g} through the recipe ({self.anchor_batch:,} sequences, lr "
                 f"{self.anchor_lr:g} at {self.anchor_flops:.3g} FLOPs); "
                 + (f"{s.heads} heads of width/{s.heads}" if s.heads else f"heads of {s.head_dim}")
                 + (f", {s.layers} layers at every width" if s.layers else f", a layer per {s.width_per_layer} of width")

@@ -180,6 +180,10 @@ def test_the_laptop_ladder_shares_the_data_steps_and_holds_out_its_top_rung(v535
         "1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops", "9.5e11flops")]
     assert [(o["n_layers"], o["n_heads"], o["n_kv_heads"]) for o in shapes] == [(4, 4, 2)] * 5
     assert [o["dim"] for o in shapes] == [16, 24, 32, 48, 64] and all(o["head_dim"] * 4 == o["dim"] for o in shapes)
+    # the laptop's lr is the recipe's at every rung (lr_exponent 0); the batch follows compute
+    pres = [dag[f"pretrain/ladder/{r}/s0"].step.config for r in (
+        "1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops", "9.5e11flops")]
+    assert {c.optimizer.lr for c in pres} == {0.01} and [c.data.batch_size for c in pres] == [8, 11, 15, 23, 32]
 
 
 def test_a_rung_that_is_not_the_recipe_is_refused_naming_the_field(v535):
