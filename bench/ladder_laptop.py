@@ -161,7 +161,8 @@ def main() -> int:
     print(f"  law beats both baselines at rung 5?  {'yes' if beats else 'no'}")
     lfo = report["leave_future_out"]
     for row in lfo:
-        print(f"    leave-future-out: fit on {row['fit_on']} -> {row['rung']}: law {row['error_pct']:+.2f}%, "
+        law_row = f"{row['error_pct']:+.2f}%" if row["error_pct"] is not None else f"no fit ({row.get('reason')})"
+        print(f"    leave-future-out: fit on {row['fit_on']} -> {row['rung']}: law {law_row}, "
               f"power law {row['power_law_error_pct']:+.2f}%, two-point {row['two_point_error_pct']:+.2f}%")
     if not args.prefix:
         shutil.rmtree(prefix, ignore_errors=True)

@@ -635,7 +635,8 @@ def ladder_steps(config: VoyageConfig, tokenized: dict[str, Step], heldout: Step
         rungs=tuple(RungResult(r.name, r.sized.flops, tuple(output_of(ev, data=False) for _p, _m, ev in r.runs),
                                params=r.sized.active_params, tokens=r.sized.tokens, size=r.name) for r in fitted),
         target=target_name, target_compute=fpt * target_tokens, target_tokens=target_tokens, metric=lad.metric,
-        floor=lad.floor, rule=ladder_rule(config).describe()), resources=Resources(cpus=1))
+        floor=lad.floor, rule=ladder_rule(config).describe(), target_seeds=top.seeds if held_out else 1),
+        resources=Resources(cpus=1))
     predict = Step("ladder/predict", ladder_predict, PredictConfig(fit=output_of(fit, data=False), flops_per_token=fpt),
                    resources=Resources(cpus=1))
     steps: list[Step] = [fit, predict]

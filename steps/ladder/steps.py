@@ -55,9 +55,14 @@ class FitConfig:
     floor: float | None = None  # pins E; None: free
     level: float = 0.9
     rule: str = ""  # the recipe's size rule in words: in the identity and in the record
+    # seeds the target's landed loss averages (its band carries that run's own seed noise,
+    # sigma / sqrt(target_seeds)): 1 for a single run, the held-out top rung's seeds otherwise
+    target_seeds: int = 1
 
     def __post_init__(self) -> None:
         check_rungs(self.rungs, self.target_compute)
+        if not (isinstance(self.target_seeds, int) and self.target_seeds >= 1):
+            raise VoyageError(f"ladder: target_seeds must be a whole number >= 1, got {self.target_seeds!r}")
 
 
 def check_rungs(rungs: tuple[RungResult, ...], target_compute: float = 0.0) -> None:
@@ -114,7 +119,8 @@ def ladder_fit(config: FitConfig, ctx: StepContext) -> None:
     points = [LadderPoint(r.name, r.compute, sum(ls) / len(ls), tuple(ls) if len(ls) > 1 else ())
               for r, ls in found]
     try:
-        report = fit_report(points, target_compute=config.target_compute, floor=config.floor, level=config.level)
+        report = fit_report(points, target_compute=config.target_compute, floor=config.floor, level=config.level,
+                            target_seeds=config.target_seeds)
     except FitError as e:
         raise VoyageError(f"ladder fit: {e}") from None
     used = report[report["fit_used"]]

@@ -162,6 +162,7 @@ def test_the_laptop_ladder_shares_the_data_steps_and_holds_out_its_top_rung(v535
     tokenized = {d.name for d in mixtures[0].deps}
     assert all({d.name for d in m.deps} == tokenized for m in mixtures) and tokenized <= names
     fit = dag["ladder/fit"]
+    assert fit.step.config.target_seeds == 1  # the band is for the top rung's one run, not a mean of 2
     assert sorted(d.name for d in fit.deps) == sorted(f"eval/ladder/{r}/s{s}" for s in (0, 1) for r in (
         "1.2e10flops", "3.7e10flops", "1.1e11flops", "3.2e11flops"))  # two seeds on every fitted rung
     # the held-out top rung trains after the seal, taking it as an input (its identity includes it)
@@ -324,3 +325,13 @@ def test_a_failed_fit_seals_nothing(tmp_path, losses, write, reason):
     assert list(failed) == ["ladder/fit"] and reason in failed["ladder/fit"], failed
     states = {name: o.state for name, o in summary.outcomes.items()}
     assert all(states[n] != "SUCCESS" for n in ("ladder/predict", "pretrain/target", "ladder/check")), states
+
+
+def test_the_fit_step_refuses_a_target_of_no_seeds():
+    from steps.ladder.steps import FitConfig, RungResult
+
+    rungs = tuple(RungResult(f"r{i}", 10.0 ** (10 + i), evals=("gs://x/eval",)) for i in range(3))
+    assert FitConfig(rungs=rungs, target="t", target_compute=1e14).target_seeds == 1
+    for bad in (0, 1.5):
+        with pytest.raises(VoyageError, match="target_seeds must be a whole number >= 1"):
+            FitConfig(rungs=rungs, target="t", target_compute=1e14, target_seeds=bad)
