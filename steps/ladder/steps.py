@@ -108,7 +108,7 @@ def rung_losses(config: FitConfig) -> list[tuple[RungResult, list[float]]]:
     return out
 
 
-@step_type(version="1")
+@step_type(version="2")
 def ladder_fit(config: FitConfig, ctx: StepContext) -> None:
     """Fit the law over the rungs' held-out losses and predict the target; writes fit.json (the
     law's report: parameters with intervals, points, residuals, leave-future-out table, baselines,
