@@ -23,7 +23,8 @@ from steps.train.tracking import METRICS_FILE, run_links, write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
-LOGS = ("wandb/**", "wandb_run.json", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")  # logs/: the watchdog's stacks
+# logs/: the watchdog's stacks; wandb_run.json: which W&B run (its URL when online).
+LOGS = ("wandb/**", "wandb_run.json", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")
 
 
 @step_type(version="1", resumable=True, logs=LOGS)

@@ -36,5 +36,6 @@ def linked(config: Linked, ctx) -> None:
         f.write(ctx.voyage)
     ctx.results["voyage"] = ctx.voyage
     ctx.results["headline"] = {"kind": "demo", "text": "v" * config.headline_bytes}
-    ctx.results["links"] = {"W&B run": "https://wandb.ai/team/marin-voyage/runs/marin-0123", "local": "file:///etc/passwd",
+    ctx.results["links"] = {"W&B run": "https://wandb.ai/team/marin-voyage/runs/marin-0123",
+                            "local": "file:///etc/passwd",
                             "script": "javascript:alert(1)", "here": "/tmp/out", "spaced": "https://a b"}

@@ -157,6 +157,7 @@ def test_diff_says_how_the_predicted_loss_moves(tmp_path, capsys, monkeypatch):
                           monkeypatch)
     assert code == 0, err
     assert f"record {old['digest'][:12]} -> sealed target: predicted {p1:.4g}" in out
-    assert f"(predicted {p0:.4g} -> {p1:.4g}, {100 * (p1 - p0) / p0:+.2f}%)" in out and "**Headlines that move:**" in out
+    assert f"(predicted {p0:.4g} -> {p1:.4g}, {100 * (p1 - p0) / p0:+.2f}%)" in out
+    assert "**Headlines that move:**" in out
     code, out, err = _run(root, [voyage, "--prefix", str(tmp_path / "empty"), "--diff", "HEAD~1"], capsys, monkeypatch)
     assert code == 0 and "headlines that move" not in out  # nothing cached there: the diff alone
