@@ -71,6 +71,8 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
     from executor import ray_backend
     from executor.placement import fail_if_unplaceable
 
+    if voyage:
+        plan.voyage = voyage
     started = ray_backend.start(ray_address, pickle_by_value=pickle_by_value)
     try:
         fail_if_unplaceable({d.name: d.node.step.resources for d in to_run}, ray_backend.cluster_nodes())

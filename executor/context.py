@@ -93,6 +93,7 @@ class StepContext:
     provenance: dict[str, Any] = field(default_factory=dict)
     mapper: Mapper = local_map
     lease: LeaseRef | None = None  # None: run without leases (a test, a notebook): always ours
+    voyage: str = ""  # the voyage's name when the run has one (`marin-run`): a tracker groups its runs by it
 
     def __post_init__(self) -> None:
         self.fs, self._root = url_to_fs(self.output)

@@ -14,6 +14,8 @@ An entry holds: when, who (user@host), the git commit of the code with its dirty
 of the diff, the voyage's config and its difference from the previous entry's by field path, the
 flags, per step what happened (ran, cached, failed, blocked) with the attempt folder and the
 failure class and a stack excerpt of what failed, the loss curve of each training step that ran,
+the `headline` and `links` a step that ran puts in its results (a sealed prediction, a verdict, a
+W&B run),
 the bytes `--gc --yes` deleted, and a note (`--note`): the human reason.
 
 Writing the log never fails a run: a failed write is a warning. Reading is `entries()`; the
@@ -236,12 +238,18 @@ def _attempt_folders(plan: Plan, out: dict[str, dict[str, Any]], names: list[str
 
 
     if ran_records:
-        _model_cards(store, out, ran_records)
+        _from_results(store, out, ran_records)
 
 
-def _model_cards(store: Store, out: dict[str, dict[str, Any]], paths: dict[str, str]) -> None:
-    """`card`: the model card a step that ran names in its results (steps/provenance/card.py),
-    relative to the prefix. One batch of record reads."""
+HEADLINE_BYTES = 2000  # a step's `headline` larger than this (as JSON) is left out of its entry
+
+
+def _from_results(store: Store, out: dict[str, dict[str, Any]], paths: dict[str, str]) -> None:
+    """What a step that ran names in its results (one batch of record reads), by documented key:
+    `model_card` (steps/provenance/card.py) as `card`, relative to the prefix; `headline` (a small
+    JSON object, its `text` one line: a sealed prediction, a verdict) copied whole; `links` (label ->
+    http(s) URL: a W&B run) kept for the page. The executor knows no step type: each type says what
+    its entry shows (docs/logbook.md)."""
     try:
         found = store.fs.cat(list(paths), on_error="return")
     except Exception:
@@ -253,11 +261,31 @@ def _model_cards(store: Store, out: dict[str, dict[str, Any]], paths: dict[str, 
         if name is None or not isinstance(data, bytes):
             continue
         try:
-            card = ((json.loads(data).get("results") or {}).get("model_card"))
+            results = json.loads(data).get("results") or {}
         except (ValueError, AttributeError):
             continue
+        if not isinstance(results, dict):
+            continue
+        row = out[name]
+        card = results.get("model_card")
         if isinstance(card, str) and card.strip("/"):
-            out[name]["card"] = f"{out[name]['attempt_dir']}/{card.strip('/')}"
+            row["card"] = f"{row['attempt_dir']}/{card.strip('/')}"
+        headline = results.get("headline")
+        if isinstance(headline, dict) and headline:
+            text = json.dumps(headline, separators=(",", ":"), default=repr)
+            if len(text) <= HEADLINE_BYTES:
+                row["headline"] = json.loads(text)
+                if not isinstance(row["headline"].get("text", ""), str):
+                    row["headline"]["text"] = repr(row["headline"]["text"])
+            else:
+                log.warning("logbook: %s: its headline is %d bytes (over %d): left out", name, len(text),
+                            HEADLINE_BYTES)
+        links = results.get("links")
+        if isinstance(links, dict):
+            kept = {str(k)[:60]: v for k, v in links.items()
+                    if isinstance(v, str) and re.match(r"^https?://[^\s\"'<>]+$", v) and len(v) <= 500}
+            if kept:
+                row["links"] = kept
 
 
 def _loss_curve(store: Store, folder: str) -> list[list[float]] | None:

@@ -102,6 +102,7 @@ class Plan:
     # which on a local folder is the only reason a dry-run would import fsspec.
     given_leases: Leases | None = field(default=None, repr=False)
     lease_ttl: float | None = field(default=None, repr=False)
+    voyage: str | None = field(default=None, repr=False)  # the voyage's name: a run's steps see it (StepContext)
 
     def __post_init__(self) -> None:
         self.by_name = {d.name: d for d in self.decisions}

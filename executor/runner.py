@@ -334,7 +334,7 @@ class Runner:
             digest=node.digest, scheme=SCHEME, code_fingerprint=fingerprint.digest, code_parts=fingerprint.parts,
             inputs=inputs, resources=node.step.resources, run_id=self.leases.owner.run_id, token=token,
             lease_ttl=self.leases.ttl, max_node_failures=node.step.retry.max_node_failures,
-            reason=f"{d.state}: {d.reason}", fresh=fresh,
+            reason=f"{d.state}: {d.reason}", fresh=fresh, voyage=self.plan.voyage or "",
             provenance=self.plan.lineage.record_of(node.name) if self.plan.lineage is not None else {})
 
     def _note_stale(self, d: Decision, result: TaskResult, summary: RunSummary) -> None:

@@ -49,11 +49,13 @@ class InlineBackend:
         return ready
 
 
-def run_inline(steps, prefix: str, selection=None, on_change=None):
-    """Plan `steps` under `prefix` and carry the plan out in this process: `(plan, summary)`."""
+def run_inline(steps, prefix: str, selection=None, on_change=None, voyage: str | None = None):
+    """Plan `steps` under `prefix` and carry the plan out in this process: `(plan, summary)`;
+    `voyage`: the voyage's name the steps see (StepContext.voyage), as `marin-run` gives it."""
     from executor.api import plan_steps
     from executor.runner import Runner
 
     plan = plan_steps(steps, prefix, selection)
+    plan.voyage = voyage
     summary = Runner(plan, InlineBackend(), poll=0.01, on_change=on_change).run()
     return plan, summary

@@ -74,6 +74,7 @@ class TaskSpec:
     code_parts: dict[str, str] = field(default_factory=dict)
     fresh: bool = False  # start from an empty folder even if resumable (a --rerun's first try)
     provenance: dict[str, Any] = field(default_factory=dict)  # from the DAG: sources and licences
+    voyage: str = ""  # the voyage's name (StepContext.voyage); not part of any identity
 
 
 @dataclass
@@ -156,7 +157,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None,
                                                      dict(task.storage_options), attempt=number)
     ctx = StepContext(name=task.name, output=store.url(folder), digest=task.digest, attempt=number,
                       resources=task.resources, resumable=task.step_type.resumable, mapper=mapper,
-                      provenance=copy.deepcopy(task.provenance), lease=lease)
+                      provenance=copy.deepcopy(task.provenance), lease=lease, voyage=task.voyage)
     dirs = {i.name: store.url(before[i.name].data_dir(_input_dirname(i))) for i in task.inputs}
     resolved = layout.Resolved(on_new=lambda r: store.write_json(
         store.path(folder, layout.RESOLVED), {k: list(v) for k, v in sorted(r.seen.items())}))

@@ -13,8 +13,14 @@ step name the two are compared:
 - code that changed under a step whose identity did not (a note in the plan, never a rerun).
 
 The cost of the change is what the voyage's `costs(config)` (the dry-run's plans; voyages/535b.py)
-says the changed steps cost: core-hours of data steps and GPU-hours of training. Nothing is
-read or written under the prefix.
+says the changed steps cost: core-hours of data steps and GPU-hours of training.
+
+How a changed step's headline moves (a ladder's predicted loss: docs/logbook.md): for each step
+whose identity changes and whose old output is committed under the prefix with a `headline` in
+its record's results, the old headline against the new output's when that is committed too, or
+that it is made again when the step runs (a prediction: re-predicted). Only the statuses and
+records of those outputs are read (one batch each); nothing is written under the prefix, and a
+prefix that cannot be read shows no headlines.
 """
 
 from __future__ import annotations
@@ -179,6 +185,61 @@ def _code_modules(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return sorted({u.split(":", 1)[0] for u in units})
 
 
+def headline_moves(prefix: str, old: dict[str, Any], new: dict[str, Any],
+                   result: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{"step", "before", "after"}] of the changed steps whose old output has a headline
+    (`after` None: the new output is not committed). [] when the prefix cannot be read."""
+    changed = [c[0] for c in result["changed"]]
+    if not changed or not prefix:
+        return []
+    try:
+        from executor.storage.store import Store
+
+        store = Store(prefix)
+        dirs = sorted({old[n]["dirname"] for n in changed} | {new[n]["dirname"] for n in changed})
+        statuses = store.read_statuses(dirs)
+        heads = {}
+        for dirname in dirs:
+            status = statuses.get(dirname)
+            served = status.served() if status is not None else None
+            record = store.read_record_in(served.data_dir(dirname)) if served is not None else None
+            headline = (record.results or {}).get("headline") if record is not None else None
+            if isinstance(headline, dict):
+                heads[dirname] = headline
+    except Exception as e:  # no prefix here, no access: the diff stands without headlines
+        import logging
+
+        logging.getLogger("marin.diff").info("--diff: headlines not read under %s (%s)", prefix, e)
+        return []
+    out = []
+    for name in changed:
+        before = heads.get(old[name]["dirname"])
+        if before is not None:
+            out.append({"step": name, "before": before, "after": heads.get(new[name]["dirname"])})
+    return out
+
+
+def _headline_text(h: dict[str, Any]) -> str:
+    return str(h.get("text") or json.dumps(h, separators=(",", ":"), default=repr))
+
+
+def move_lines(moves: list[dict[str, Any]], old_label: str) -> list[str]:
+    lines = []
+    for m in moves:
+        before, after = m["before"], m["after"]
+        if after is None:
+            again = "re-predicted" if before.get("kind") == "prediction" else "made again"
+            lines.append(f"{m['step']}: at {old_label}: {_headline_text(before)}; now: not made yet, it is "
+                         f"{again} when it runs")
+            continue
+        text = f"{m['step']}: {_headline_text(before)} -> {_headline_text(after)}"
+        p0, p1 = before.get("predicted"), after.get("predicted")
+        if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in (p0, p1)) and p0:
+            text += f" (predicted {p0:.4g} -> {p1:.4g}, {100 * (p1 - p0) / p0:+.2f}%)"
+        lines.append(text)
+    return lines
+
+
 def priced(result: dict[str, Any], costs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The cost of the change: GPU-hours and core-hours of the changed and new steps the voyage
     prices, and the names of those it does not."""
@@ -207,7 +268,8 @@ def cost_text(cost: dict[str, Any] | None) -> str:
     return text + (f" (at full scale: {cost['at']})" if cost.get("at") else "")
 
 
-def render_text(head: str, result: dict[str, Any], costs: dict[str, Any], total: dict[str, Any]) -> str:
+def render_text(head: str, result: dict[str, Any], costs: dict[str, Any], total: dict[str, Any],
+                moves: list[str] | None = None) -> str:
     lines = [head]
     n = len(result["changed"]) + len(result["cached"]) + len(result["new"])
     lines.append(f"changed identity: {len(result['changed'])} of {n} steps (they run again)")
@@ -225,6 +287,9 @@ def render_text(head: str, result: dict[str, Any], costs: dict[str, Any], total:
     for name, modules in result["code_only"]:
         lines.append(f"  note: {name}: code changed ({', '.join(modules)}), identity did not: no rerun")
     lines.append(_total_text(total))
+    if moves:
+        lines.append("headlines that move (from the prefix):")
+        lines.extend(f"  {m}" for m in moves)
     return "\n".join(lines)
 
 
@@ -237,7 +302,7 @@ def _total_text(total: dict[str, Any]) -> str:
 
 
 def render_markdown(command: str, old_label: str, new_label: str, result: dict[str, Any], costs: dict[str, Any],
-                    total: dict[str, Any]) -> str:
+                    total: dict[str, Any], moves: list[str] | None = None) -> str:
     n = len(result["changed"]) + len(result["cached"]) + len(result["new"])
     out = [f"### `{command}`", "",
            f"Planned at `{old_label}` and at `{new_label}`: **{len(result['changed'])} of {n} steps change "
@@ -253,6 +318,8 @@ def render_markdown(command: str, old_label: str, new_label: str, result: dict[s
     if result["removed"]:
         out += [f"Removed: {', '.join(f'`{n}`' for n in result['removed'])}", ""]
     out += [f"**Cost of the change:** {_total_text(total).split(': ', 1)[1]}", ""]
+    if moves:
+        out += ["**Headlines that move:**", "", *(f"- {_md(m)}" for m in moves), ""]
     if result["cached"]:
         out += [f"<details><summary>{len(result['cached'])} steps stay cached</summary>", "",
                 ", ".join(f"`{n}`" for n in result["cached"]), "", "</details>", ""]
@@ -293,8 +360,9 @@ def diff_command(opts: Options) -> int:
     new_label = f"working tree ({head_commit[:12]}{'-dirty' if dirty else ''})"
     old_label = f"{opts.diff} ({commit[:12]})"
     command = " ".join([PROG, voyage_rel, *opts.overrides, "--diff", opts.diff])
+    moves = move_lines(headline_moves(opts.prefix, old, new, result), opts.diff)
     if opts.format == "markdown":
-        print(render_markdown(command, old_label, new_label, result, costs, total))
+        print(render_markdown(command, old_label, new_label, result, costs, total, moves))
     else:
-        print(render_text(f"--diff {old_label} -> {new_label}: {voyage_rel}", result, costs, total))
+        print(render_text(f"--diff {old_label} -> {new_label}: {voyage_rel}", result, costs, total, moves))
     return 0

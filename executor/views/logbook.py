@@ -47,6 +47,11 @@ def failures(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(name, row) for name, row in (entry.get("steps") or {}).items() if row.get("state") == "failed"]
 
 
+def headlines(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The steps whose results gave a `headline` (a sealed prediction, a verdict), in plan order."""
+    return [(name, row) for name, row in (entry.get("steps") or {}).items() if isinstance(row.get("headline"), dict)]
+
+
 def line(entry: dict[str, Any]) -> str:
     """One line: when, who, commit, kind, what happened, the config difference, the note."""
     parts = [entry.get("when", "?"), entry.get("who", "?"), commit_text(entry), entry.get("kind", "?")]
@@ -64,6 +69,8 @@ def line(entry: dict[str, Any]) -> str:
     failed = failures(entry)
     if failed:
         parts.append("failed: " + ", ".join(f"{n} ({r.get('failure') or 'unknown'})" for n, r in failed))
+    for name, row in headlines(entry):
+        parts.append(f"{name}: {row['headline'].get('text') or _value(row['headline'])}")
     gc = entry.get("gc")
     if gc:
         parts.append(f"gc deleted {gc.get('bytes', 0):,} bytes in {gc.get('items', 0):,} items")
@@ -177,6 +184,12 @@ def _entry_html(entry: dict[str, Any]) -> str:
                      f'<span class="class">{html.escape(str(row.get("failure") or "unknown"))}</span> '
                      f'{html.escape(row.get("error", ""))} {links}</p>'
                      f'<pre>{html.escape(row.get("stack", ""))}</pre></div>')
+    heads = headlines(entry)
+    if heads:
+        items = "".join(f'<li class="{html.escape(str(row["headline"].get("kind", "")))}"><b>{html.escape(name)}</b> '
+                        f'{html.escape(str(row["headline"].get("text") or _value(row["headline"])))}</li>'
+                        for name, row in heads)
+        parts.append(f'<ul class="headlines">{items}</ul>')
     links = []
     if entry.get("page"):
         links.append(_link(entry["page"], "run page"))
@@ -195,6 +208,9 @@ def _entry_html(entry: dict[str, Any]) -> str:
                 extra.append(_link(_up(row["attempt_dir"]) + "/", "output"))
             if row.get("card"):
                 extra.append(_link(_up(row["card"]), "model card"))
+            for label, url in (row.get("links") or {}).items():  # http(s) only (executor.logbook)
+                if isinstance(url, str) and url.startswith(("https://", "http://")):
+                    extra.append(_link(url, str(label)))
             items.append(f"<li>{html.escape(name)} {' '.join(extra)}</li>")
         parts.append(f'<details><summary>{len(ran)} step{"s" if len(ran) > 1 else ""} ran</summary>'
                      f'<ul>{"".join(items)}</ul></details>')
@@ -207,6 +223,7 @@ h1{font-size:22px}h2{font-size:16px;margin:0}.entry{border-top:1px solid #ddd;pa
 .kind{font-size:12px;padding:1px 6px;border-radius:3px;background:#eee}.kind.note{background:#fff0a8}
 .failure .class{color:#b00;font-weight:600}pre{background:#f6f6f6;padding:.5em;overflow:auto;font-size:12px}
 table.diff{border-collapse:collapse}table.diff td,table.diff th{border:1px solid #ddd;padding:2px 8px;text-align:left}
+.headlines .verdict b,.headlines .prediction b{font-family:monospace}
 .legend{list-style:none;padding:0;font-size:12px;columns:2}svg text{font-size:11px;fill:#555}"""
 
 

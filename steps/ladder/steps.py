@@ -189,6 +189,12 @@ def ladder_predict(config: PredictConfig, ctx: StepContext) -> None:
     write_bytes(ctx.path(PREDICTION_JSON), canonical(record))
     ctx.results.update(target=sealed["target"], predicted=sealed["predicted"], band=sealed["band"],
                        seal=record["digest"], sealed_at=sealed["sealed_at"])
+    lo, hi = sealed["band"]
+    ctx.results["headline"] = {  # the voyage's logbook shows it (docs/logbook.md)
+        "kind": "prediction", "target": sealed["target"], "predicted": sealed["predicted"], "band": sealed["band"],
+        "seal": record["digest"],
+        "text": f"sealed {sealed['target']}: predicted {sealed['predicted']:.4g} [{lo:.4g}, {hi:.4g}], record "
+                f"{record['digest'][:12]}"}
 
 
 def seal_digest(sealed: dict[str, Any]) -> str:
@@ -248,6 +254,11 @@ def ladder_check(config: CheckConfig, ctx: StepContext) -> None:
     write_bytes(ctx.path(VERDICT_JSON), canonical(verdict))
     ctx.results.update(verdict=verdict["verdict"], landed=landed, error_pct=error, predicted=sealed["predicted"],
                        band=sealed["band"], seal=pred["digest"], line=line)
+    ctx.results["headline"] = {  # the voyage's logbook shows it (docs/logbook.md)
+        "kind": "verdict", "target": sealed["target"], "verdict": verdict["verdict"], "error_pct": error,
+        "landed": landed, "predicted": sealed["predicted"], "seal": pred["digest"],
+        "text": f"{verdict['verdict']} {sealed['target']}: landed {landed:.4g}, predicted {sealed['predicted']:.4g}; "
+                f"{error:+.1f}%, record {pred['digest'][:12]}"}
     ctx.logger.info("%s: %s %s", ctx.name, verdict["verdict"], line)
 
 

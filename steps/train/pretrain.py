@@ -19,11 +19,12 @@ from steps.data.mixture import consumption
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
 from steps.train.spikes import SpikeEvent, skipped_ranges
-from steps.train.tracking import METRICS_FILE, write_reference
+from steps.train.tracking import METRICS_FILE, run_links, write_reference
 
 # The training steps' logs: out of their output digest (W&B, the metrics rows, and each
 # checkpoint's run.json: timings and nodes), so an identical rerun cuts off downstream.
-LOGS = ("wandb/**", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")  # logs/: the watchdog's stacks
+# logs/: the watchdog's stacks; wandb_run.json: which W&B run (its URL when online).
+LOGS = ("wandb/**", "wandb_run.json", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")
 
 
 @step_type(version="1", resumable=True, logs=LOGS)
@@ -132,6 +133,7 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
                        **{k: row[k] for k in ("loss", "grad_norm", "tokens_per_s", "mfu", "moe_dropped",
                                               "moe_dropped_share") if k in row},
                        startup_s=run.get("startup_s"), wall_s=time.time() - started)
+    ctx.results.update(run_links(ctx.output))  # the W&B run, its URL when online (the logbook page links it)
     if law is not None and "loss" in row:  # the run against a ladder's law (docs/ladder.md)
         from steps.ladder.steps import against_law
         from steps.moe.config import flops_per_token

@@ -23,7 +23,8 @@ class Reporter:
                  device: torch.device, run_config: dict[str, Any]) -> None:
         self.ctx, self.main, self.every, self.final_step = ctx, main, tcfg.log_every, final_step
         self.log = MetricsLog(ctx.path(METRICS_FILE), keep_through_step=step, fence=ctx.fenced) if main else None
-        self.tracker = build_tracker(tcfg.tracker, main, ctx.name, ctx.digest, ctx.output, run_config)
+        self.tracker = build_tracker(tcfg.tracker, main, ctx.name, ctx.digest, ctx.output, run_config,
+                                     group=ctx.voyage, attempt=ctx.attempt)
         self.sums = torch.zeros(3, device=device)  # ce, router loss, micro-batches since the last row
         self.row: dict[str, Any] = {}  # the last row written
         self.restart(tokens)

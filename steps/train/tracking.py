@@ -9,7 +9,11 @@ like an uninterrupted one's. It is rewritten whole (small; atomic by rename) at 
 W&B: the run id is derived from the step's digest, so every attempt of one step (a resume
 included) continues the same W&B run (`resume="allow"`). Offline unless WANDB_API_KEY is set or
 the config says otherwise; its files go under the step's output when that is a local folder,
-else under a temporary folder that is copied into the output at the end.
+else under a temporary folder that is copied into the output at the end. The run is grouped by the
+voyage (StepContext.voyage), named by the step, and its config carries the step's name, the
+record's digest (its identity) and the attempt under `marin`. Rank 0 writes `wandb_run.json` (id,
+name, group, project, mode, and the run's URL when online) into the output; the step puts the URL
+in its results' `links`, where the voyage's logbook page finds it (docs/logbook.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from steps.moe.config import flops_per_token  # noqa: F401  (one formula for MFU
 from steps.train.config import TrackerConfig
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_FILE = "wandb_run.json"
 METRIC_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "expert_load_max", "expert_load_min",
                "bias_norm", "tokens")
 
@@ -96,7 +101,8 @@ def run_id(digest: str) -> str:
 class WandbTracker:
     """One W&B run per step, resumed by id."""
 
-    def __init__(self, cfg: TrackerConfig, name: str, digest: str, output: str, config: dict[str, Any]) -> None:
+    def __init__(self, cfg: TrackerConfig, name: str, digest: str, output: str, config: dict[str, Any],
+                 group: str = "", attempt: int = 1) -> None:
         import wandb
 
         mode = cfg.mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
@@ -107,11 +113,16 @@ class WandbTracker:
         self.dir = path if self._local else tempfile.mkdtemp(prefix="marin-wandb-")
         self.output = output
         os.makedirs(self.dir, exist_ok=True)
+        config = {**config, "marin": {"step": name, "digest": digest, "voyage": group or None, "attempt": attempt}}
         self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, name=name, id=run_id(digest), resume="allow", mode=mode,
-            dir=self.dir, config=config, tags=list(cfg.tags),
+            project=cfg.project, entity=cfg.entity, name=name, group=group or None, id=run_id(digest),
+            resume="allow", mode=mode, dir=self.dir, config=config, tags=list(cfg.tags),
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True))
         self.mode = mode
+        url = getattr(self.run, "url", None) if mode == "online" else None
+        about = {"id": run_id(digest), "name": name, "group": group or None, "project": cfg.project,
+                 "entity": cfg.entity, "mode": mode, "digest": digest, "url": url or None}
+        write_bytes(f"{output.rstrip('/')}/{WANDB_RUN_FILE}", json.dumps(about, indent=1).encode())
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
@@ -125,10 +136,25 @@ class WandbTracker:
 
 
 def build_tracker(cfg: TrackerConfig, is_main: bool, name: str, digest: str, output: str,
-                  config: dict[str, Any]) -> Tracker:
+                  config: dict[str, Any], group: str = "", attempt: int = 1) -> Tracker:
     if not is_main or cfg.kind == "none" or cfg.mode == "disabled":
         return NullTracker()
-    return WandbTracker(cfg, name, digest, output, config)
+    return WandbTracker(cfg, name, digest, output, config, group=group, attempt=attempt)
+
+
+def run_links(output: str) -> dict[str, Any]:
+    """What a step's results say of its W&B run (`wandb` and, when it is online, `links`), from the
+    `wandb_run.json` rank 0 wrote; {} when W&B was off."""
+    try:
+        with fsspec.open(f"{output.rstrip('/')}/{WANDB_RUN_FILE}", "r") as f:
+            about = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return {}
+    out: dict[str, Any] = {"wandb": {k: about.get(k) for k in ("id", "name", "group", "project", "mode")}}
+    url = about.get("url")
+    if isinstance(url, str) and url.startswith("https://"):
+        out["links"] = {"W&B run": url}
+    return out
 
 
 # -- FLOPs and MFU -------------------------------------------------------------------------------

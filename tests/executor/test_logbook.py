@@ -229,3 +229,31 @@ def test_on_an_object_store_the_alias_is_a_pointer_to_the_attempt(gcs_emulator):
     write_alias(store, "export/tiny", "export/tiny-0123456789", ".attempts/0002-abcdef02")  # the next commit
     pointer = store.fs.cat_file(store.path("export/tiny", POINTER)).decode()
     assert pointer == f"{prefix}/export/tiny-0123456789/.attempts/0002-abcdef02\n"
+
+
+def test_a_step_s_headline_and_links_reach_the_entry_and_the_page_only_when_safe(tmp_path):
+    """The steps see the voyage's name; the entry copies a step's `headline` (not one over
+    HEADLINE_BYTES) and only the http(s) links of its results; the page links the W&B run."""
+    from executor import Step
+    from executor.views.logbook import index_html
+    from kits.logkit import Linked, linked
+
+    prefix = str(tmp_path / "p")
+    plan, summary = run_inline([Step("small", linked, Linked()), Step("big", linked, Linked(headline_bytes=3000))],
+                               prefix, voyage=NAME)
+    assert summary.exit_code == 0
+    logbook.record_run(plan, summary, NAME)
+    [entry] = logbook.entries(Store(prefix), NAME)
+    small, big = entry["steps"]["small"], entry["steps"]["big"]
+    assert small["headline"] == {"kind": "demo", "text": "v" * 40} and "headline" not in big
+    assert small["links"] == big["links"] == {"W&B run": "https://wandb.ai/team/marin-voyage/runs/marin-0123"}
+    assert f"small: {'v' * 40}" in line(entry) and "big:" not in line(entry)
+    page = index_html(NAME, [entry])
+    assert page.count('href="https://wandb.ai/team/marin-voyage/runs/marin-0123"') == 2
+    assert "file://" not in page and "javascript:" not in page and "/tmp/out" not in page
+    record = json.load(open(os.path.join(prefix, small["record"])))
+    assert record["results"]["voyage"] == NAME
+    plan2, s2 = run_inline([Step("small", linked, Linked(headline_bytes=41))], prefix)  # no voyage: none seen
+    assert s2.exit_code == 0
+    record = json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan2["small"].node.dirname), ".step.json")))
+    assert record["results"]["voyage"] == ""

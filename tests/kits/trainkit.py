@@ -12,11 +12,12 @@ from steps.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 CORPUS = pathlib.Path(__file__).resolve().parents[2] / "data/corpus"
 
 
-def run_step(fn, config, output, name="t", lease=None):
+def run_step(fn, config, output, name="t", lease=None, voyage=""):
     """`fn(config, ctx)` in this process; `lease` (executor.context.LeaseRef): the attempt's lease,
-    as the executor gives it (then the step is resumable, as training is)."""
+    as the executor gives it (then the step is resumable, as training is); `voyage`: the voyage's
+    name, as a run of `marin-run` gives it."""
     ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"),
-                      lease=lease, resumable=lease is not None)
+                      lease=lease, resumable=lease is not None, voyage=voyage)
     fn(config, ctx)
     return ctx
 
@@ -60,3 +61,31 @@ def write_if_agreed(lease, folder):
         said = f"LeaseLost: {e}"
     with open(f"{folder}/rank{dist.get_rank()}.txt", "w") as f:
         f.write(said)
+
+
+def wandb_runs(path):
+    """The `run` records of an offline W&B run file (`run-*.wandb`), read back as W&B's sync reads
+    them: a 7-byte header (`:W&B`, magic, version), then LevelDB-log records in 32 KiB blocks (CRC,
+    length, type: full, first, middle, last) of `wandb_internal_pb2.Record` protobufs."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = pathlib.Path(path).read_bytes()
+    assert data[:4] == b":W&B", data[:8]
+    pos, block, parts, runs = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            continue
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(parts)
+            if record.WhichOneof("record_type") == "run":
+                runs.append(record.run)
+    return runs

@@ -1,6 +1,7 @@
 """`marin-run VOYAGE --diff REV` (executor.views.diff): the voyage planned as of a git revision
 against the working tree, on throwaway git repositories holding this checkout's files."""
 
+import json
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from executor import cli
+from executor.storage.store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -120,3 +122,42 @@ def test_diff_prices_a_change_of_the_laptop_midtrain_mixture(tmp_path, capsys, m
     gpu = costs["pretrain/laptop"]["gpu_hours"] + costs["midtrain/laptop"]["gpu_hours"]
     assert gpu > 0 and f"cost of the change: {gpu:,.0f} GPU-hours of training, 0 core-hours of data steps" in out
     assert f"[{costs['midtrain/laptop']['gpu_hours']:,.0f} GPU-hours (at full scale: midtrain/535b-a23b)]" in out
+
+
+def test_diff_says_how_the_predicted_loss_moves(tmp_path, capsys, monkeypatch):
+    """A commit pins the ladder's floor: the prediction's identity changes. Cached only at the old
+    revision, it would be re-predicted; once both are cached, old and new predicted losses."""
+    from executor.testing import run_inline
+    from kits import ladderkit
+
+    voyage = "tests/kits/ladder_voyage.py"
+    root = throwaway_repo(tmp_path, lambda r: _replace(os.path.join(r, voyage), "floor: float | None = None",
+                                                       "floor: float | None = 1.5"))
+    prefix = str(tmp_path / "p")
+    plan, summary = run_inline(ladderkit.all_steps(ladderkit.ladder()), prefix)
+    assert summary.exit_code == 0
+    old = json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan["ladder/predict"].node.dirname),
+                                      "prediction.json")))
+    code, out, err = _run(root, [voyage, "--prefix", prefix, "--diff", "HEAD~1"], capsys, monkeypatch)
+    assert code == 0, err
+    assert re.search(r"^  ladder/fit +config floor: null -> 1.5$", out, re.M)
+    assert re.search(r"^  ladder/predict +input ladder/fit changed$", out, re.M)
+    moves = out.split("headlines that move (from the prefix):\n")[1].splitlines()
+    assert moves[0] == (f"  ladder/predict: at HEAD~1: sealed target: predicted {old['sealed']['predicted']:.4g} "
+                        f"[{old['sealed']['band'][0]:.4g}, {old['sealed']['band'][1]:.4g}], record "
+                        f"{old['digest'][:12]}; now: not made yet, it is re-predicted when it runs")
+    assert moves[1].startswith("  ladder/check: at HEAD~1: HIT target") and moves[1].endswith("made again when it runs")
+    plan, summary = run_inline(ladderkit.all_steps(ladderkit.ladder(floor=1.5)), prefix)
+    assert summary.exit_code == 0
+    new = json.load(open(os.path.join(prefix, Store(prefix).served_dir(plan["ladder/predict"].node.dirname),
+                                      "prediction.json")))
+    p0, p1 = old["sealed"]["predicted"], new["sealed"]["predicted"]
+    assert p0 != p1
+    code, out, err = _run(root, [voyage, "--prefix", prefix, "--diff", "HEAD~1", "--format", "markdown"], capsys,
+                          monkeypatch)
+    assert code == 0, err
+    assert f"record {old['digest'][:12]} -> sealed target: predicted {p1:.4g}" in out
+    assert f"(predicted {p0:.4g} -> {p1:.4g}, {100 * (p1 - p0) / p0:+.2f}%)" in out
+    assert "**Headlines that move:**" in out
+    code, out, err = _run(root, [voyage, "--prefix", str(tmp_path / "empty"), "--diff", "HEAD~1"], capsys, monkeypatch)
+    assert code == 0 and "headlines that move" not in out  # nothing cached there: the diff alone

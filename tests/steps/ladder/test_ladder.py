@@ -335,3 +335,44 @@ def test_the_fit_step_refuses_a_target_of_no_seeds():
     for bad in (0, 1.5):
         with pytest.raises(VoyageError, match="target_seeds must be a whole number >= 1"):
             FitConfig(rungs=rungs, target="t", target_compute=1e14, target_seeds=bad)
+
+
+def test_the_logbook_entry_shows_the_seal_and_the_verdict_of_the_steps_that_ran(tmp_path):
+    """The predict and check steps give a `headline` in their results; the run's logbook entry copies
+    it (the executor imports no step type), `--log` lines and the voyage's page show it; a run where
+    the prediction stays cached shows only the new verdict."""
+    from executor import logbook
+    from executor.views.logbook import index_html, line
+
+    prefix = str(tmp_path / "p")
+    plan, summary = ladderkit.run_inline(ladderkit.all_steps(ladderkit.ladder()), prefix)
+    assert summary.exit_code == 0
+    logbook.record_run(plan, summary, "ladder")
+    pred = read(prefix, plan, "ladder/predict", "prediction.json")
+    verdict = read(prefix, plan, "ladder/check", "verdict.json")
+    [entry] = logbook.entries(Store(prefix), "ladder")
+    seal, check = entry["steps"]["ladder/predict"]["headline"], entry["steps"]["ladder/check"]["headline"]
+    assert (seal["kind"], seal["predicted"], seal["band"], seal["seal"]) == \
+        ("prediction", pred["sealed"]["predicted"], pred["sealed"]["band"], pred["digest"])
+    assert (check["kind"], check["verdict"], check["error_pct"], check["seal"]) == \
+        ("verdict", "HIT", verdict["error_pct"], pred["digest"])
+    assert [n for n, r in entry["steps"].items() if "headline" in r] == ["ladder/predict", "ladder/check"]
+    text = line(entry)
+    lo, hi = pred["sealed"]["band"]
+    assert f"ladder/predict: sealed target: predicted {pred['sealed']['predicted']:.4g} [{lo:.4g}, {hi:.4g}], " \
+           f"record {pred['digest'][:12]}" in text
+    assert f"ladder/check: HIT target: landed {verdict['landed']:.4g}" in text
+    assert f"{verdict['error_pct']:+.1f}%" in text
+    page = index_html("ladder", [entry])
+    assert f"record {pred['digest'][:12]}" in page and "HIT target" in page
+    # the target lands far off: target, eval and check run again, the prediction stays sealed and cached
+    far = ladderkit.law(ladderkit.TARGET_COMPUTE) * 1.08
+    plan2, s2 = ladderkit.run_inline(ladderkit.all_steps(ladderkit.ladder(landed=far)), prefix)
+    assert s2.exit_code == 0
+    logbook.record_run(plan2, s2, "ladder")
+    newest = logbook.entries(Store(prefix), "ladder")[0]
+    kept = newest["steps"]["ladder/predict"]
+    assert kept["state"] == "cached" and "headline" not in kept
+    miss = newest["steps"]["ladder/check"]["headline"]
+    assert miss["verdict"] == "MISS" and 7 < miss["error_pct"] < 9 and miss["seal"] == pred["digest"]
+    assert "ladder/check: MISS target" in line(newest) and "sealed" not in line(newest)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from kits.trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, run_step, wandb_runs  # noqa: E402
 
 from executor import VoyageError  # noqa: E402
 from executor.storage.store import Store, output_digest  # noqa: E402
@@ -120,16 +120,29 @@ def test_killed_run_resumes_bitwise(whole, tmp_path):
 
 
 def test_wandb_offline_run_continues_under_the_step_digest(mix, tmp_path, monkeypatch):
+    """Both attempts continue one W&B run, grouped by the voyage, named by the step, its config the
+    training config and the record's digest: read back from the offline run files (no network)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     cfg = _config(mix, tracker=TrackerConfig(kind="wandb"), fail_after_steps=10)
     with pytest.raises(Killed):
-        run_step(pretrain, cfg, tmp_path / "pre", name="pre")
-    run_step(pretrain, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0)),
-             tmp_path / "pre", name="pre")
-    runs = sorted(p.name for p in (tmp_path / "pre/wandb").iterdir() if p.name.startswith("offline-run"))
-    assert len(runs) == 2 and all(r.endswith("-marin-" + ("pre" * 64)[:24]) for r in runs), runs
+        run_step(pretrain, cfg, tmp_path / "pre", name="pretrain/pre", voyage="laptop")
+    ctx = run_step(pretrain, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0)),
+                   tmp_path / "pre", name="pretrain/pre", voyage="laptop")
+    digest = ctx.digest
+    runs = sorted(p for p in (tmp_path / "pre/wandb").iterdir() if p.name.startswith("offline-run"))
+    assert len(runs) == 2 and all(r.name.endswith("-marin-" + digest[:24]) for r in runs), runs
     assert not os.path.exists("wandb")  # nothing in the working directory
+    for attempt, folder in enumerate(runs, 1):
+        [run] = wandb_runs(next(folder.glob("run-*.wandb")))
+        assert (run.run_id, run.display_name, run.run_group) == ("marin-" + digest[:24], "pretrain/pre", "laptop")
+        config = {u.key: json.loads(u.value_json) for u in run.config.update}
+        assert config["marin"] == {"step": "pretrain/pre", "digest": digest, "voyage": "laptop", "attempt": 1}
+        assert config["config"]["optimizer"]["lr"] == 1e-2 and config["config"]["data"]["batch_size"] == 16
+    # offline: the results name the run and carry no link (the logbook page links it only when online)
+    assert ctx.results["wandb"] == {"id": "marin-" + digest[:24], "name": "pretrain/pre", "group": "laptop",
+                                    "project": "marin-voyage", "mode": "offline"}
+    assert "links" not in ctx.results
 
 
 @pytest.mark.parametrize("field, build", [
