@@ -209,9 +209,10 @@ def test_gc_yes_writes_an_entry_with_the_bytes_it_deleted(tmp_path, capsys):
     prefix = str(tmp_path / "out")
     run_and_log(prefix)
     run_and_log(prefix, value="B")  # data/a, join/ab, join/abc and model of value A are now unreached
-    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc"]) == 0  # a listing: no entry
+    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc", "--gc-grace", "0"]) == 0  # a listing: no entry
     assert len(logbook.entries(Store(prefix), NAME)) == 2
-    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc", "--yes", "--note", "old A outputs"]) == 0
+    assert cli.main([VOYAGE, "--prefix", prefix, "--value", "B", "--gc", "--gc-grace", "0", "--yes", "--note",
+                     "old A outputs"]) == 0
     out = capsys.readouterr().out
     deleted = int(re.search(r"\(([\d,]+) bytes\)", out).group(1).replace(",", ""))
     newest = logbook.entries(Store(prefix), NAME)[0]

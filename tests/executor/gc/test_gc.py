@@ -559,7 +559,7 @@ def test_a_training_output_with_wandb_links_goes_and_a_grace_keeps_what_was_just
     assert os.path.isdir(os.path.join(prefix, old)) and "refused" not in out
     code, out, err = gc(capsys, str(path), prefix, "--lr", "0.2", "--yes")
     assert code == 0, err
-    assert "old version" in out and "refused" not in out and "a symlink that leaves" not in out, out
+    assert OLD in out and "refused" not in out and "a symlink that leaves" not in out, out
     assert not os.path.exists(os.path.join(prefix, old))
     assert os.path.exists(target)  # W&B's own log in its cache: only the link went
     assert len(folders(prefix, "gc/wandb")) == 1
