@@ -14,6 +14,9 @@ number (signatures and keys are fixed-size); short documents make the corpus qui
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import random
@@ -21,7 +24,6 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 PASS_OF = {"_signatures": "pass 1", "pair_task": "pass 2", "star_task": "pass 3", "group_task": "pass 3",
            "_write_kept": "pass 4"}
@@ -78,7 +80,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=1_000_000)
     ap.add_argument("--others", type=int, default=50_000)
     args = ap.parse_args()
-    from data_common import WORK
+    from bench.data_common import WORK
 
     for title, copies, others in (("one shard at ingest's default size", 0, args.pass1_docs),
                                   (f"a boilerplate document {args.copies:,} times", args.copies, args.others)):
@@ -100,5 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

@@ -12,6 +12,9 @@ shard's run (ordered by position, as main's key files were) and runs main's algo
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
@@ -20,11 +23,10 @@ import tracemalloc
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 
-from data_common import WORK, ctx, shards  # noqa: E402
+from bench.data_common import WORK, ctx, shards  # noqa: E402
 
 
 def before_band_pairs(keys_per_shard: list[np.ndarray]) -> np.ndarray:

@@ -16,6 +16,9 @@ signature carried in the run.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import collections
 import contextlib
@@ -28,9 +31,8 @@ import tracemalloc
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
-from data_common import WORK, ctx, shards  # noqa: E402
+from bench.data_common import WORK, ctx, shards  # noqa: E402
 
 PASS_OF = {"_signatures": 1, "pair_task": 2, "star_task": 3, "group_task": 3, "_write_kept": 4}
 

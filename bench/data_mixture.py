@@ -10,6 +10,9 @@ Shares are counted exactly from every block's quotas (the same quotas `locate` s
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import random
 import time
 
@@ -17,7 +20,6 @@ import time
 def main() -> None:
     import numpy as np
 
-    import data_common  # noqa: F401  (puts the repo on sys.path)
     from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, plan_mixture
 
     pre = {"web": 0.72, "code": 0.15, "math": 0.05, "books": 0.05, "wiki": 0.03}

@@ -9,6 +9,9 @@ process) uses the same encoder thread pool. Ratios are of best-of-N wall times.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
@@ -29,7 +32,7 @@ def main() -> None:
 
     import numpy as np
 
-    from data_common import WORK, ctx, shards, tokenizer
+    from bench.data_common import WORK, ctx, shards, tokenizer
     from steps.data.formats import TokenDataset, iter_text_batches
     from steps.data.tokenize import TokenizeConfig, tokenize
     from steps.data.tokenizer import load_tokenizer

@@ -18,6 +18,9 @@ ceiling for "walk the tree and add up bytes". Then `--yes`: the sweep, each outp
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -30,7 +33,6 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.plan import make_steps  # noqa: E402
 from executor.gc import collect as gc  # noqa: E402

@@ -36,6 +36,9 @@ this was written: nothing here has run on one yet.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import os
 
 # Before torch initialises CUDA (at import it does not; the first allocation does).
@@ -53,7 +56,6 @@ import traceback  # noqa: E402
 if "--dry" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused router on the CPU
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

@@ -15,6 +15,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import copy
 import io
@@ -27,8 +30,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 
 from executor import logbook  # noqa: E402
 from executor.storage.store import Store  # noqa: E402

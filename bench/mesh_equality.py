@@ -9,15 +9,18 @@ holds them to tolerances; this prints the figures.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import json
 import os
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
     "ep=4 (dp_shard 4)": (dict(ep=4), 4, 0),

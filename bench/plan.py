@@ -20,6 +20,9 @@ and with `make_plan(provenance=False)`, interleaved, and the ratio printed (targ
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
@@ -28,7 +31,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from executor import License, LicensePolicy, Step, output_of, step_type  # noqa: E402
 from executor.dag import build_dag  # noqa: E402

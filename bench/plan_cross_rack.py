@@ -8,11 +8,13 @@ capacity; the loss's memory chunked and unchunked.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import dataclasses
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from steps.moe.config import PRESETS  # noqa: E402
 from steps.scale import memory as mem  # noqa: E402

@@ -29,6 +29,9 @@ reach) was edited. The CPU ratio is the steadier figure on a loaded machine.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import hashlib
 import os
@@ -39,7 +42,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 BIN = os.path.dirname(sys.executable)
 WIDTH = 100
 

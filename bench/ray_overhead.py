@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
@@ -19,7 +22,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from executor import Resources, Step, StepContext, step_type  # noqa: E402
 from executor.api import plan_steps, run_plan  # noqa: E402

@@ -15,6 +15,9 @@ script, the checks and the three implementations run.
 Targets (issue 6), on the H200 at T = 32k, E = 384, K = 8: fused forward + backward at least 5x
 faster than unfused eager, and at least 40% of the measured copy bandwidth.
 """
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 import argparse
 import os
 import statistics
@@ -50,7 +53,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 ARGS = parse_args()
 if ARGS.device == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported, so the kernels interpret
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402

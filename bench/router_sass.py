@@ -18,6 +18,9 @@ many of those are shuffles and barriers, and two lower bounds on the time at T t
 Neither is a measurement: stalls, latency and the tail are not in them. They rank designs and
 say which bound a kernel is near; bench/router.py --device cuda measures.
 """
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 import argparse
 import collections
 import os
@@ -29,7 +32,6 @@ from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":  # kernels defined under the interpreter cannot compile
     os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

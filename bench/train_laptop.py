@@ -11,6 +11,9 @@ under marin-run add Ray's start (a few seconds) and the executor's bookkeeping.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -21,8 +24,9 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import Resources, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402

@@ -25,6 +25,9 @@ default `log_every` (10) is the difference divided by 10. The small preset (dim 
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -37,9 +40,9 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import Hang, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402

@@ -20,6 +20,9 @@ Data wait: the time `step(s)` blocks, averaged over steps 1.. (step 0 has nothin
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import concurrent.futures
 import sys
@@ -57,7 +60,6 @@ def main() -> None:
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--latencies", default="0,10,40")
     args = ap.parse_args()
-    sys.path.insert(0, __file__.rsplit("/", 2)[0])
     fsspec.register_implementation("latencymem", LatencyFS, clobber=True)
 
     from executor import StepContext

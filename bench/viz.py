@@ -16,6 +16,9 @@ other figure is the best of `--repeat` runs (3), since the machine may be shared
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import hashlib
 import os
@@ -25,7 +28,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from executor import Resources, Step, output_of, step_type  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
