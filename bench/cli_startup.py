@@ -1,6 +1,6 @@
 """Whole-process time of `marin-run --help` and `--dry-run` of voyages/hello.py.
 
-    .venv/bin/python bench/cli_startup.py [--repeat 5]
+    .venv/bin/python -m bench.cli_startup [--repeat 5]
 
 Prints the median of each beside a bare `python -c pass` (the floor), and checks that `--help`
 imports neither torch nor ray.

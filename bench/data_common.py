@@ -9,7 +9,6 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
 import os
 import pathlib
 import random
-import sys
 
 from bench import kit  # noqa: E402
 

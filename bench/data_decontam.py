@@ -1,8 +1,8 @@
 """Decontamination throughput per core, against a plain Python set of 13-gram tuples (the
 GPT-3-style reference), and the count it removes on the laptop voyage's corpus.
 
-    .venv/bin/python bench/data_decontam.py --scale 2 --repeats 3
-    .venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 100000 1000000 8000000
+    .venv/bin/python -m bench.data_decontam --scale 2 --repeats 3
+    .venv/bin/python -m bench.data_decontam --scale 2 --repeats 2 --sizes 100000 1000000 8000000
 
 With `--sizes`: the task's rate against the eval side's size (synthetic eval texts of 200 words
 drawn from the corpus's vocabulary, so the lookups miss as most do), its build's peak memory
@@ -29,7 +29,6 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
 import argparse
 import random
 import shutil
-import sys
 import time
 
 

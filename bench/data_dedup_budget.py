@@ -2,7 +2,7 @@
 a pass-1 task at ingest's default shard (100,000 documents), and a corpus holding one boilerplate
 document a million times (a cookie banner: one bucket of a million members in every band).
 
-    .venv/bin/python bench/data_dedup_budget.py --pass1-docs 100000 --copies 1000000 --others 50000
+    .venv/bin/python -m bench.data_dedup_budget --pass1-docs 100000 --copies 1000000 --others 50000
 
 The step runs in this process with the default config (every task already checks itself against
 its declaration and fails past it: steps/data/memory.py); a mapper measures every task the same
@@ -18,10 +18,8 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
     import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
-import os
 import random
 import shutil
-import sys
 import time
 
 

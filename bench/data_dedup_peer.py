@@ -2,7 +2,7 @@
 corpus, with the same bands, rows and n-grams, in one run: documents per CPU-second of each pass
 (and of all four), and the tracemalloc peak of the largest task of each pass.
 
-    .venv/bin/python bench/data_dedup_peer.py --scale 4 --ranges 2
+    .venv/bin/python -m bench.data_dedup_peer --scale 4 --ranges 2
 
 datatrove splits words with our rule (its default for English is spaCy's tokenizer, slower: this
 favours it). Both run task by task in this one process (no Ray, no worker pools), so the CPU time is the
@@ -25,7 +25,6 @@ import contextlib
 import random
 import os
 import shutil
-import sys
 import time
 import tracemalloc
 

@@ -7,7 +7,7 @@ target bin). Originals and variants are shuffled across 4 shards and deduplicate
 step; a planted pair is found when both end in the same component. Merges between two originals
 are false merges when their true similarity is below 0.5.
 
-    .venv/bin/python bench/data_dedup_quality.py --pairs-per-bin 300
+    .venv/bin/python -m bench.data_dedup_quality --pairs-per-bin 300
 """
 
 from __future__ import annotations

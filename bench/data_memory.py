@@ -1,7 +1,7 @@
 """Peak memory of tokenize and dedup on the corpus and on a corpus 10x larger (the same shard
 size, ten times the shards; copies are word-shuffled so they are not duplicates).
 
-    .venv/bin/python bench/data_memory.py --scale 10
+    .venv/bin/python -m bench.data_memory --scale 10
 
 Each run is a fresh subprocess (steps called directly, no Ray, so the number is the work's own);
 its peak RSS is ru_maxrss. "imports" is the same process doing nothing but the imports.

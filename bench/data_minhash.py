@@ -2,7 +2,7 @@
 (`MinHash.update_batch` on the same word 5-gram shingles, prebuilt, so its shingling is not
 even counted), with the same number of permutations, on one thread.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/data_minhash.py --perm 112 --docs 2000
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.data_minhash --perm 112 --docs 2000
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Mixture sampler at the scale of the 535B voyage: realized shares against the weights, the
 switch at the stage boundary, and the cost of random access.
 
-    .venv/bin/python bench/data_mixture.py
+    .venv/bin/python -m bench.data_mixture
 
 Budget 18.75T tokens in sequences of 4096 (4.58e9 sequences), 80% pretrain then 20% midtrain.
 Shares are counted exactly from every block's quotas (the same quotas `locate` serves), and

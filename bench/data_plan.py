@@ -1,7 +1,7 @@
 """Per-core throughputs of the data steps, the figures the data plan of `marin-run voyages/535b.py
 --dry-run` is computed from (steps/data/budget.py, RATES).
 
-    .venv/bin/python bench/data_plan.py --scale 2 --repeats 1
+    .venv/bin/python -m bench.data_plan --scale 2 --repeats 1
 
 Each step function runs in this process over the bench corpus (data_common: the bundled corpus
 and word-shuffled copies, 500 documents a shard), without Ray, one thread; the figure is its
@@ -17,7 +17,6 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
 import argparse
 import os
 import shutil
-import sys
 import time
 import tracemalloc
 

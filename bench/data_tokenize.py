@@ -1,7 +1,7 @@
 """Tokenize end to end (read .jsonl.zst, encode, write shards) against the raw encoder and
 against datatrove's DocumentTokenizer, side by side, on the same text and thread count.
 
-    .venv/bin/python bench/data_tokenize.py --threads 2 --scale 2 --repeats 3
+    .venv/bin/python -m bench.data_tokenize --threads 2 --scale 2 --repeats 3
 
 RAYON_NUM_THREADS is set before `tokenizers` is imported, so every contender (all in this one
 process) uses the same encoder thread pool. Ratios are of best-of-N wall times.

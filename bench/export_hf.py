@@ -1,9 +1,9 @@
 """export_hf: time and peak host memory of exporting a checkpoint, against the ceiling the issue
 names (the largest tensor plus a shard) and against the model.
 
-    .venv/bin/python bench/export_hf.py                       # tiny (laptop shapes) and medium
-    .venv/bin/python bench/export_hf.py --laptop OUT/midtrain/laptop-XXXX   # a real laptop checkpoint
-    .venv/bin/python bench/export_hf.py --medium-layers 24    # the whole medium preset (~43 GB on disk)
+    .venv/bin/python -m bench.export_hf                       # tiny (laptop shapes) and medium
+    .venv/bin/python -m bench.export_hf --laptop OUT/midtrain/laptop-XXXX   # a real laptop checkpoint
+    .venv/bin/python -m bench.export_hf --medium-layers 24    # the whole medium preset (~43 GB on disk)
 
 For each case the parent writes a DCP checkpoint of the preset's randomly initialized weights
 (fp32, tensor by tensor; model state only: the export never reads the optimizer's bytes), then

@@ -1,7 +1,7 @@
 """Fault injection at scale (issue 3): many more trials than the tests, and the figures.
 
-    .venv/bin/python bench/faults.py               # 50 SIGKILLs and the rest: about 10 minutes on 2 cores
-    .venv/bin/python bench/faults.py --trials 1    # the quick form: under 2 minutes
+    .venv/bin/python -m bench.faults               # 50 SIGKILLs and the rest: about 10 minutes on 2 cores
+    .venv/bin/python -m bench.faults --trials 1    # the quick form: under 2 minutes
 
 Everything is real: `marin-run` processes, a multi-node Ray cluster on this machine
 (`tests/kits/cluster_host.py`: a head and two nodes with a `GB200` resource), a GCS emulator

@@ -1,7 +1,7 @@
 """`--gc` on a prefix of 10k steps: time to list, bytes found, and the sweep (issue 21 item 6).
 
-    .venv/bin/python bench/gc.py                       # 10k steps on a local disk
-    .venv/bin/python bench/gc.py --steps 1000 --gcs    # ... and on the GCS emulator (started here)
+    .venv/bin/python -m bench.gc                       # 10k steps on a local disk
+    .venv/bin/python -m bench.gc --steps 1000 --gcs    # ... and on the GCS emulator (started here)
 
 The prefix holds what a voyage of N steps (layers of 100, each step reading two of the layer
 before, as bench/plan.py) leaves after some history: every step's current output committed in
@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-
 
 from bench.plan import make_steps  # noqa: E402
 from executor.gc import collect as gc  # noqa: E402

@@ -7,8 +7,8 @@ bench/train_gpu.py, bench/router.py and the modules they load, found by importin
 fresh interpreter), plus EXTRA, minus what the device has; with their requirements, the same
 rule, recursively. Each at the version installed here (the one the tests ran with).
 
-    python bench/gpu_wheels.py --download   # pip download what is missing into .whl/, then check
-    python bench/gpu_wheels.py              # check only: exit 0, or 2 with one line per problem
+    python -m bench.gpu_wheels --download   # pip download what is missing into .whl/, then check
+    python -m bench.gpu_wheels              # check only: exit 0, or 2 with one line per problem
 
 The check: every needed distribution has exactly one wheel in .whl/, at the version installed
 here, whose tags install on CPython 3.12 / manylinux x86-64 (or are pure Python); nothing else

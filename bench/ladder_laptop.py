@@ -4,8 +4,8 @@ predicts rung 5 within 1.5%, whether the 90% band covers rung 5 and is no wider 
 whether the law beats both baselines (a power law without a floor, and the line through the last
 two points) on the same points. Figures as measured: rung 5 and the data are never tuned.
 
-    .venv/bin/python bench/ladder_laptop.py                    # a fresh prefix (removed after)
-    .venv/bin/python bench/ladder_laptop.py --prefix /tmp/lad  # kept: rerun to read it back cached
+    .venv/bin/python -m bench.ladder_laptop                    # a fresh prefix (removed after)
+    .venv/bin/python -m bench.ladder_laptop --prefix /tmp/lad  # kept: rerun to read it back cached
 
 Runs the voyage's own ladder steps (`marin-run voyages/535b.py --laptop --ladder` without the
 laptop run itself) through the executor on an embedded Ray.
@@ -20,7 +20,6 @@ import argparse
 import importlib.util
 import json
 import os
-import pathlib
 import shutil
 import sys
 import tempfile

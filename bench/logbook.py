@@ -1,7 +1,7 @@
 """The logbook's costs (issue 30): writing a run's entry against the run, and `--log` over 1,000 entries.
 
-    .venv/bin/python bench/logbook.py                         # runs the laptop voyage once (README command)
-    .venv/bin/python bench/logbook.py --laptop-prefix out     # ... or reads a laptop prefix already run
+    .venv/bin/python -m bench.logbook                         # runs the laptop voyage once (README command)
+    .venv/bin/python -m bench.logbook --laptop-prefix out     # ... or reads a laptop prefix already run
 
 1. Writing the log: what `api.run_plan` adds to a laptop run (`executor.logbook.record_run`: the
    statuses of the steps, the records of the failed ones, the trainers' curves, the previous

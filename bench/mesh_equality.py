@@ -4,7 +4,7 @@ weight after the last step, not in the loss alone (AdamW's scale invariance can 
 gradient divisor behind the loss). The same runs as tests/steps/train/test_train_mesh.py, which
 holds them to tolerances; this prints the figures.
 
-    python bench/mesh_equality.py [--root /tmp/mesh-equality]
+    python -m bench.mesh_equality [--root /tmp/mesh-equality]
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import pathlib
-import sys
 
 from bench import kit  # noqa: E402
 

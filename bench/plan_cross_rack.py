@@ -3,7 +3,7 @@ state on the host against the same step with it sharded across the racks' replic
 anchor, at the same calibration; peak memory against routing skew with and without the rank
 capacity; the loss's memory chunked and unchunked.
 
-    python bench/plan_cross_rack.py
+    python -m bench.plan_cross_rack
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
     import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import dataclasses
-import pathlib
-import sys
-
 
 from steps.moe.config import PRESETS  # noqa: E402
 from steps.scale import memory as mem  # noqa: E402

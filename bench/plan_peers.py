@@ -1,9 +1,9 @@
 """Whole-process planning of an up-to-date layered DAG: `marin-run --dry-run` beside `snakemake -n`
 and Luigi checking every task, each a fresh process, in one run on this machine (issue 20).
 
-    .venv/bin/python bench/plan_peers.py                      # 1,000 and 3,000 steps, 5 reps
-    .venv/bin/python bench/plan_peers.py --sizes 1000 --reps 3
-    .venv/bin/python bench/plan.py --whole-process            # the same, from bench/plan.py
+    .venv/bin/python -m bench.plan_peers                      # 1,000 and 3,000 steps, 5 reps
+    .venv/bin/python -m bench.plan_peers --sizes 1000 --reps 3
+    .venv/bin/python -m bench.plan --whole-process            # the same, from bench/plan.py
 
 The DAG: layers of 100 steps, each step of layer k reading two steps of layer k-1 (as in
 bench/plan.py's "layered"). Each tool gets it as one generated file, one declaration per step:

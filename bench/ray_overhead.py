@@ -1,7 +1,7 @@
 """What running steps through the executor on Ray costs, against calling the functions directly.
 
-    .venv/bin/python bench/ray_overhead.py                  # 500 trivial steps; 2 x 3 s CPU-bound
-    .venv/bin/python bench/ray_overhead.py --steps 100 --cpu-seconds 1
+    .venv/bin/python -m bench.ray_overhead                  # 500 trivial steps; 2 x 3 s CPU-bound
+    .venv/bin/python -m bench.ray_overhead --steps 100 --cpu-seconds 1
 
 1. 500 trivial independent steps (each writes one small file) through plan + Runner + Ray on an
    embedded local Ray, against the same 500 functions called in a loop: overhead per step.
@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-
 
 from executor import Resources, Step, StepContext, step_type  # noqa: E402
 from executor.api import plan_steps, run_plan  # noqa: E402

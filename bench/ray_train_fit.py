@@ -2,7 +2,7 @@
 function does nothing, with Ray Train's own TorchTrainer and with ours (steps.train.launch:
 the placement-group cleaner told to stop within 1 s instead of its 12 s timeout).
 
-    .venv/bin/python bench/ray_train_fit.py [--repeat 2]
+    .venv/bin/python -m bench.ray_train_fit [--repeat 2]
 
 Prints each fit's wall time and the ratio ours / Ray's. One embedded local Ray, as marin-run
 starts it; Ray Train's own environment settings are those launch.py sets (RAY_TRAIN_ENV)."""

@@ -7,7 +7,7 @@ figures in the order they first appear, or those named by --columns."""
 
 from __future__ import annotations
 
-if not __package__:  # run as `python bench/report.py`: the repository root in place of bench/
+if not __package__:  # run as `python -m bench.report`: the repository root in place of bench/
     import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse

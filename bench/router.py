@@ -1,8 +1,8 @@
 """Check and time the MoE router: the fused Triton op against unfused eager torch and against
 torch.compile of the same reference, forward alone and forward + backward.
 
-    python bench/router.py --device cuda          # one H200: T 8k/32k/64k x E 64/128/384, K = 8
-    python bench/router.py --device cpu --small   # reduced, TRITON_INTERPRET=1 (run by the tests)
+    python -m bench.router --device cuda          # one H200: T 8k/32k/64k x E 64/128/384, K = 8
+    python -m bench.router --device cpu --small   # reduced, TRITON_INTERPRET=1 (run by the tests)
 
 Bandwidth is effective: the bytes the router must move at the least (read the fp32 logits, write
 the outputs; in the backward read the logits again and write their gradient), divided by the
@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -2,9 +2,9 @@
 sm_90 with the specialisation the JIT gives them at launch, disassemble with the cuobjdump that
 ships in the Triton wheel, and count what one token costs.
 
-    python bench/router_sass.py                       # T = 32k, E in {64, 128, 384}, K = 8
-    python bench/router_sass.py --experts 384 --warps 1 2 4 --score-func softmax
-    python bench/router_sass.py --check               # what tests/steps/moe asserts
+    python -m bench.router_sass                       # T = 32k, E in {64, 128, 384}, K = 8
+    python -m bench.router_sass --experts 384 --warps 1 2 4 --score-func softmax
+    python -m bench.router_sass --check               # what tests/steps/moe asserts
 
 For each kernel it prints registers, spilled bytes, shared memory, the instructions of one pass
 of the token loop (the forward is a persistent loop; the backward is one tile a program), how

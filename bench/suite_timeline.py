@@ -2,7 +2,7 @@
 and how long it stood idle at the end (the critical path is the worker that finishes last).
 
     MARIN_SUITE_TIMELINE=/tmp/t.jsonl .venv/bin/python -m pytest -q -n 3 --dist loadgroup
-    .venv/bin/python bench/suite_timeline.py /tmp/t.jsonl [--top 8]
+    .venv/bin/python -m bench.suite_timeline /tmp/t.jsonl [--top 8]
 """
 
 from __future__ import annotations

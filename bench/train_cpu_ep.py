@@ -2,8 +2,8 @@
 against data parallelism only (FSDP2 over 4, DDP over 4), the share of step time spent in the
 all-to-alls, and each mesh's loss against one process on the same batches.
 
-    .venv/bin/python bench/train_cpu_ep.py                        # tiny preset, 30 timed steps
-    .venv/bin/python bench/train_cpu_ep.py --dim 256 --experts 16 --expert-dim 128 --seq 128
+    .venv/bin/python -m bench.train_cpu_ep                        # tiny preset, 30 timed steps
+    .venv/bin/python -m bench.train_cpu_ep --dim 256 --experts 16 --expert-dim 128 --seq 128
 
 Every run uses the trainer's own pieces (steps/train: the mesh and component from a
 ParallelConfig, the model built on meta and initialized by name, AdamW, gradient clipping, the
@@ -32,8 +32,6 @@ import argparse
 import dataclasses
 import json
 import os
-import pathlib
-import sys
 import tempfile
 import time
 

@@ -2,9 +2,9 @@
 (written for an H200), under each activation-checkpointing mode, and our MoE layer beside
 torchtitan's at the same shape.
 
-    python bench/train_gpu.py                                  # the whole thing (bench/gpu_all.sh)
-    python bench/train_gpu.py --checkpointing selective --batch 4 --steps 10  # less
-    python bench/train_gpu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --warmup 1 \
+    python -m bench.train_gpu                                  # the whole thing (bench/gpu_all.sh)
+    python -m bench.train_gpu --checkpointing selective --batch 4 --steps 10  # less
+    python -m bench.train_gpu --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --warmup 1 \
         --layer-tokens 256 --repeats 2                         # the script itself, on the CPU
     pip install torchtitan  # first, for the side-by-side (skipped with a reason if absent)
 

@@ -2,8 +2,8 @@
 mixture (pretrain stage, midtrain stage) -> pretrain -> midtrain -> eval, timing each step and
 printing the held-out loss beside the unigram baseline (docs/training.md, "Laptop settings").
 
-    .venv/bin/python bench/train_laptop.py                      # the recipe
-    .venv/bin/python bench/train_laptop.py --steps 200 --lr 3e-3  # a variant
+    .venv/bin/python -m bench.train_laptop                      # the recipe
+    .venv/bin/python -m bench.train_laptop --steps 200 --lr 3e-3  # a variant
 
 The step functions run in-process (no Ray, no executor), so the times are the steps' own work;
 under marin-run add Ray's start (a few seconds) and the executor's bookkeeping.
@@ -20,7 +20,6 @@ import json
 import logging
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
 

@@ -1,8 +1,8 @@
 """The trainer's operations figures (issue 21), on the laptop recipe on CPU:
 
-    .venv/bin/python bench/train_ops.py stall      # checkpoint stall: sync vs async, plain and slow store
-    .venv/bin/python bench/train_ops.py recover    # detection -> training again: watchdog and rewind
-    .venv/bin/python bench/train_ops.py health     # MoE health metrics' cost per step, tiny and small
+    .venv/bin/python -m bench.train_ops stall      # checkpoint stall: sync vs async, plain and slow store
+    .venv/bin/python -m bench.train_ops recover    # detection -> training again: watchdog and rewind
+    .venv/bin/python -m bench.train_ops health     # MoE health metrics' cost per step, tiny and small
 
 stall: the laptop recipe (tiny preset, 32 x 64 tokens a step, one thread) for `--steps` steps
 with a checkpoint every 10, saved synchronously and asynchronously (steps/train/saving.py), on
@@ -36,7 +36,6 @@ import os
 import pathlib
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 

@@ -1,7 +1,7 @@
 """The trainer's data wait per step, before and after read-ahead, on a store with injected
 latency (issue 19 item 6).
 
-    .venv/bin/python bench/train_readahead.py --steps 30 --compute 0.1
+    .venv/bin/python -m bench.train_readahead --steps 30 --compute 0.1
 
 One rank's share of the 535B voyage: 16 sequences of 4,096 + 1 tokens a step, uint32 tokens
 (a 128k vocabulary), read through a mixture of two token datasets held in memory behind a
@@ -25,7 +25,6 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
 
 import argparse
 import concurrent.futures
-import sys
 import time
 
 import fsspec
