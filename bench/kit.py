@@ -91,9 +91,12 @@ def _human(value: Any) -> str:
 def emit(name: str, *, script: str | None = None, quiet: bool = False, **figures: Any) -> dict:
     """Print `name  key=value ...` and append {"bench", "name", "at", "host", **figures} as one JSON
     line to the results file. Figures must be JSON values (numbers, strings, lists, None)."""
+    clash = sorted(set(figures) & {"bench", "at", "host"})
+    if clash:
+        raise ValueError(f"emit: {', '.join(clash)} is kept for the row's own fields; name the figure otherwise")
     script = script or _script()
-    row = {"bench": script, "name": name, "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), **figures}
+    at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    row = {"bench": script, "name": name, "at": at, "host": platform.node(), **figures}
     line = json.dumps(row, sort_keys=False)  # fails here, before anything is written, on a non-JSON figure
     if not quiet:
         print(f"{name}  " + "  ".join(f"{k}={_human(v)}" for k, v in figures.items()), flush=True)

@@ -91,16 +91,14 @@ def main() -> None:
 
         environment.current.cache_clear()
         logbook._git_info.cache_clear()
-        t0, c0 = time.perf_counter(), time.process_time()
-        logbook.git_info()  # once per process: the commit, `git status`, and `git diff HEAD` when dirty
-        git_once, git_cpu = time.perf_counter() - t0, time.process_time() - c0
-        times, cpu = [], []
-        for _ in range(args.repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            rel = logbook.record_run(plan, summary, "535b", extra={"config": config, "note": "bench"})
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            assert rel is not None
+        git = kit.timed(logbook.git_info)  # once per process: the commit, `git status`, and `git diff HEAD` when dirty
+        git_once, git_cpu = git.wall_min, git.cpu_min
+
+        def record() -> None:
+            assert logbook.record_run(plan, summary, "535b", extra={"config": config, "note": "bench"}) is not None
+
+        recorded = kit.timed(record, repeats=args.repeats)
+        times, cpu = list(recorded.wall), list(recorded.cpu)
         write = statistics.median(times) + git_once
         print(f"\n1. writing the log of a laptop run (median of {args.repeats}; entries {len(found) + 1}.."
               f"{len(found) + args.repeats})")

@@ -71,9 +71,12 @@ def test_emit_appends_one_json_line_per_call_and_nothing_for_a_bad_figure(tmp_pa
     kit.emit("chain 10k", script="plan", steps=10000, total_s=0.366)
     assert "chain 1k  steps=1,000  total_s=0.047" in capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [(r["bench"], r["name"], r["steps"]) for r in rows] == [("plan", "chain 1k", 1000), ("plan", "chain 10k", 10000)]
+    assert [(r["bench"], r["name"], r["steps"]) for r in rows] == [("plan", "chain 1k", 1000),
+                                                                   ("plan", "chain 10k", 10000)]
     with pytest.raises(TypeError):
         kit.emit("bad", script="plan", figure=object())
+    with pytest.raises(ValueError, match="host"):
+        kit.emit("bad", script="plan", host="elsewhere")
     assert len(out.read_text().splitlines()) == 2
     monkeypatch.delenv("BENCH_OUT")
     assert kit.results_path("plan") == ROOT / "bench" / "results" / "plan.jsonl"
@@ -100,7 +103,8 @@ def test_report_refuses_bad_input_with_one_line_and_exit_2(tmp_path, capsys):
     empty.write_text("")
     nameless = tmp_path / "nameless.jsonl"
     nameless.write_text("[1, 2]\n")
-    for args, says in (([str(bad)], "bad.jsonl:2: not a JSON line"), ([str(tmp_path / "none.jsonl")], "no such results file"),
+    for args, says in (([str(bad)], "bad.jsonl:2: not a JSON line"),
+                       ([str(tmp_path / "none.jsonl")], "no such results file"),
                        ([str(empty)], "no rows"), ([str(nameless)], "nameless.jsonl:1: not an emitted row")):
         assert report.main(args) == 2
         err = capsys.readouterr()
