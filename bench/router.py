@@ -20,9 +20,7 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
     import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 import argparse
 import os
-import statistics
 import sys
-import time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,6 +54,7 @@ if ARGS.device == "cpu":
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
+from bench import kit  # noqa: E402
 from steps.moe import router_kernel  # noqa: E402
 from steps.moe.router import RENORM_EPS, SCORE_FUNCS, least_traffic, route_fused, route_reference, untied_logits  # noqa: E402
 
@@ -68,13 +67,7 @@ def timer(device: str):
         return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
 
     def cpu_time(fn) -> float:
-        fn()
-        samples = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
+        return kit.timed(fn, repeats=2, warmup=1).wall_median * 1e3
 
     return cpu_time
 
