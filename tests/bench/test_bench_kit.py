@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -23,8 +24,18 @@ ARGS_AT_IMPORT = {"router"}
 SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
 
 
+@pytest.fixture
+def environ_kept():
+    """Some scripts set variables at import (router_sass: TRITON_INTERPRET=0, data_minhash: one
+    OpenMP thread); the tests after this one must not inherit them."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_every_bench_script_imports_as_a_module(name):
+def test_every_bench_script_imports_as_a_module(name, environ_kept):
     if name in ARGS_AT_IMPORT:
         out = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True,
                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
