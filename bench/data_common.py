@@ -3,13 +3,16 @@ scaled up with word-shuffled copies) and a cached 32k byte-level BPE trained on 
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import os
 import pathlib
 import random
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import StepContext  # noqa: E402
 from steps.data.formats import iter_documents, write_documents  # noqa: E402

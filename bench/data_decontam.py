@@ -1,8 +1,8 @@
 """Decontamination throughput per core, against a plain Python set of 13-gram tuples (the
 GPT-3-style reference), and the count it removes on the laptop voyage's corpus.
 
-    .venv/bin/python bench/data_decontam.py --scale 2 --repeats 3
-    .venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 100000 1000000 8000000
+    .venv/bin/python -m bench.data_decontam --scale 2 --repeats 3
+    .venv/bin/python -m bench.data_decontam --scale 2 --repeats 2 --sizes 100000 1000000 8000000
 
 With `--sizes`: the task's rate against the eval side's size (synthetic eval texts of 200 words
 drawn from the corpus's vocabulary, so the lookups miss as most do), its build's peak memory
@@ -23,10 +23,12 @@ gives), to show what the size of the eval side costs.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import random
 import shutil
-import sys
 import time
 
 
@@ -39,7 +41,7 @@ def main() -> None:
     if args.sizes:
         return by_size(args)
 
-    from data_common import CORPUS, ROOT, WORK, corpus_documents, ctx, shards
+    from bench.data_common import CORPUS, ROOT, WORK, corpus_documents, ctx, shards
     from steps.data.decontam import BATCH, EVALS, DecontamConfig, EvalSet, NgramHasher, _chunks, \
         _decontaminator, build_index, decontaminate, eval_texts, words
     from steps.data.formats import iter_documents
@@ -123,7 +125,7 @@ def main() -> None:
 
 def by_size(args) -> None:
     """The task's rate and the build's memory at each eval-side size, beside the plan's model."""
-    from data_common import WORK, shards
+    from bench.data_common import WORK, shards
     from steps.data.decontam import BUILD_BYTES_PER_NGRAM, EVALS, _decontaminator, build_index
     from steps.data.formats import iter_documents
     from steps.data.memory import Measure
@@ -166,5 +168,4 @@ def by_size(args) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
     main()

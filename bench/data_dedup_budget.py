@@ -2,7 +2,7 @@
 a pass-1 task at ingest's default shard (100,000 documents), and a corpus holding one boilerplate
 document a million times (a cookie banner: one bucket of a million members in every band).
 
-    .venv/bin/python bench/data_dedup_budget.py --pass1-docs 100000 --copies 1000000 --others 50000
+    .venv/bin/python -m bench.data_dedup_budget --pass1-docs 100000 --copies 1000000 --others 50000
 
 The step runs in this process with the default config (every task already checks itself against
 its declaration and fails past it: steps/data/memory.py); a mapper measures every task the same
@@ -14,14 +14,14 @@ number (signatures and keys are fixed-size); short documents make the corpus qui
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
-import os
 import random
 import shutil
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 PASS_OF = {"_signatures": "pass 1", "pair_task": "pass 2", "star_task": "pass 3", "group_task": "pass 3",
            "_write_kept": "pass 4"}
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=1_000_000)
     ap.add_argument("--others", type=int, default=50_000)
     args = ap.parse_args()
-    from data_common import WORK
+    from bench.data_common import WORK
 
     for title, copies, others in (("one shard at ingest's default size", 0, args.pass1_docs),
                                   (f"a boilerplate document {args.copies:,} times", args.copies, args.others)):
@@ -100,5 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

@@ -8,7 +8,7 @@ on at least `verify_threshold` (0.7) of the 112 values. Both are computed with t
 replaced at random until the reference shingles' Jaccard falls in the bin), from random words,
 so that no two plants share a shingle by chance.
 
-    .venv/bin/python bench/data_dedup_length.py --pairs 400
+    .venv/bin/python -m bench.data_dedup_length --pairs 400
 
 Short documents have few shingles (a 16-word document has 12), so one shingle more or less in
 common moves the Jaccard in steps of about 0.05 and the 112-value estimate is coarse: the rate
@@ -18,12 +18,11 @@ length. docs/data.md "Short documents" has the table.
 
 from __future__ import annotations
 
-import argparse
-import os
-import random
-import sys
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import argparse
+import random
 
 import numpy as np  # noqa: E402
 

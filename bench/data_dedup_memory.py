@@ -3,7 +3,7 @@ documents with a fixed task budget (`keys_per_task`) and as many pass-1 tasks (e
 shards, so its runs hold more documents), against main's pass 2 (one task per band
 holding every shard's keys, kept below as "before") on the same band keys.
 
-    .venv/bin/python bench/data_dedup_memory.py --scales 1 4 16 --keys-per-task 400
+    .venv/bin/python -m bench.data_dedup_memory --scales 1 4 16 --keys-per-task 400
 
 The corpus is bench/data_common's (the bundled corpus plus word-shuffled copies); the step runs
 in this process with a mapper that traces every pass-2 task. "before" reads band 0 of every
@@ -12,19 +12,20 @@ shard's run (ordered by position, as main's key files were) and runs main's algo
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
-import sys
 import tracemalloc
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 
-from data_common import WORK, ctx, shards  # noqa: E402
+from bench.data_common import WORK, ctx, shards  # noqa: E402
 
 
 def before_band_pairs(keys_per_shard: list[np.ndarray]) -> np.ndarray:

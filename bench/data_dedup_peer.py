@@ -2,7 +2,7 @@
 corpus, with the same bands, rows and n-grams, in one run: documents per CPU-second of each pass
 (and of all four), and the tracemalloc peak of the largest task of each pass.
 
-    .venv/bin/python bench/data_dedup_peer.py --scale 4 --ranges 2
+    .venv/bin/python -m bench.data_dedup_peer --scale 4 --ranges 2
 
 datatrove splits words with our rule (its default for English is spaCy's tokenizer, slower: this
 favours it). Both run task by task in this one process (no Ray, no worker pools), so the CPU time is the
@@ -16,21 +16,22 @@ signature carried in the run.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import collections
 import contextlib
 import random
 import os
 import shutil
-import sys
 import time
 import tracemalloc
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
-from data_common import WORK, ctx, shards  # noqa: E402
+from bench.data_common import WORK, ctx, shards  # noqa: E402
 
 PASS_OF = {"_signatures": 1, "pair_task": 2, "star_task": 3, "group_task": 3, "_write_kept": 4}
 

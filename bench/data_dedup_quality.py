@@ -7,10 +7,13 @@ target bin). Originals and variants are shuffled across 4 shards and deduplicate
 step; a planted pair is found when both end in the same component. Merges between two originals
 are false merges when their true similarity is below 0.5.
 
-    .venv/bin/python bench/data_dedup_quality.py --pairs-per-bin 300
+    .venv/bin/python -m bench.data_dedup_quality --pairs-per-bin 300
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import random
@@ -55,7 +58,7 @@ def main() -> None:
 
     import numpy as np
 
-    from data_common import WORK, corpus_documents, ctx
+    from bench.data_common import WORK, corpus_documents, ctx
     from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.formats import write_documents
     from steps.dedup.minhash import candidate_probability, shingles_of

@@ -1,13 +1,16 @@
 """Peak memory of tokenize and dedup on the corpus and on a corpus 10x larger (the same shard
 size, ten times the shards; copies are word-shuffled so they are not duplicates).
 
-    .venv/bin/python bench/data_memory.py --scale 10
+    .venv/bin/python -m bench.data_memory --scale 10
 
 Each run is a fresh subprocess (steps called directly, no Ray, so the number is the work's own);
 its peak RSS is ru_maxrss. "imports" is the same process doing nothing but the imports.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import json
@@ -17,8 +20,7 @@ import sys
 
 CHILD = r"""
 import json, resource, shutil, sys, os
-sys.path.insert(0, "bench")
-from data_common import WORK, ctx, shards, tokenizer
+from bench.data_common import WORK, ctx, shards, tokenizer
 from steps.data.tokenize import TokenizeConfig, tokenize
 from steps.dedup.dedup import DedupConfig, dedup
 job, scale = sys.argv[1], int(sys.argv[2])
@@ -46,8 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=int, default=10)
     args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(__file__))
-    from data_common import shards, tokenizer
+    from bench.data_common import shards, tokenizer
 
     tokenizer()
     for s in (1, args.scale):

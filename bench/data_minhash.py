@@ -2,14 +2,16 @@
 (`MinHash.update_batch` on the same word 5-gram shingles, prebuilt, so its shingling is not
 even counted), with the same number of permutations, on one thread.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/data_minhash.py --perm 112 --docs 2000
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.data_minhash --perm 112 --docs 2000
 """
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
-import time
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
@@ -25,7 +27,8 @@ def main() -> None:
     import numpy as np
     from datasketch import MinHash
 
-    from data_common import corpus_documents
+    from bench import kit
+    from bench.data_common import corpus_documents
     from steps.dedup.minhash import MinHasher, shingles_of
 
     texts = [d["text"] for d in corpus_documents()][: args.docs]
@@ -38,9 +41,8 @@ def main() -> None:
         for k in range(0, len(texts), 512):
             hasher.signatures(texts[k:k + 512])
 
-    t0 = time.perf_counter()
-    shingles = [[s for s in shingles_of(t)] for t in texts]
-    shingling = time.perf_counter() - t0
+    shingled = kit.timed(lambda: [[s for s in shingles_of(t)] for t in texts])
+    shingles, shingling = shingled.value, shingled.wall_min
 
     def datasketch() -> None:
         for s in shingles:
@@ -48,13 +50,13 @@ def main() -> None:
             m.update_batch(s)
 
     best = {}
-    for _ in range(args.repeats):
+    for _ in range(args.repeats):  # interleaved, so that a change of load hits both
         for name, fn in (("ours (text -> signature)", ours), ("datasketch (shingles -> signature)", datasketch)):
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+            best[name] = min(best.get(name, float("inf")), kit.timed(fn).wall_min)
     for name, dt in best.items():
         print(f"{name:38s} {len(texts) / dt:9.0f} docs/s  {dt / len(texts) * 1e6:8.1f} us/doc")
+        kit.emit(name, quiet=True, docs=len(texts), perm=args.perm, docs_per_s=round(len(texts) / dt),
+                 us_per_doc=round(dt / len(texts) * 1e6, 1), wall_min_s=dt)
     print(f"{'(datasketch shingling, not counted)':38s} {shingling / len(texts) * 1e6:27.1f} us/doc")
     ratio = best["datasketch (shingles -> signature)"] / best["ours (text -> signature)"]
     print(f"\nours / datasketch per core = {ratio:.2f}x  (target >= 2)")

@@ -1,7 +1,7 @@
 """Mixture sampler at the scale of the 535B voyage: realized shares against the weights, the
 switch at the stage boundary, and the cost of random access.
 
-    .venv/bin/python bench/data_mixture.py
+    .venv/bin/python -m bench.data_mixture
 
 Budget 18.75T tokens in sequences of 4096 (4.58e9 sequences), 80% pretrain then 20% midtrain.
 Shares are counted exactly from every block's quotas (the same quotas `locate` serves), and
@@ -10,6 +10,9 @@ Shares are counted exactly from every block's quotas (the same quotas `locate` s
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import random
 import time
 
@@ -17,7 +20,6 @@ import time
 def main() -> None:
     import numpy as np
 
-    import data_common  # noqa: F401  (puts the repo on sys.path)
     from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, plan_mixture
 
     pre = {"web": 0.72, "code": 0.15, "math": 0.05, "books": 0.05, "wiki": 0.03}

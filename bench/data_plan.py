@@ -1,7 +1,7 @@
 """Per-core throughputs of the data steps, the figures the data plan of `marin-run voyages/535b.py
 --dry-run` is computed from (steps/data/budget.py, RATES).
 
-    .venv/bin/python bench/data_plan.py --scale 2 --repeats 1
+    .venv/bin/python -m bench.data_plan --scale 2 --repeats 1
 
 Each step function runs in this process over the bench corpus (data_common: the bundled corpus
 and word-shuffled copies, 500 documents a shard), without Ray, one thread; the figure is its
@@ -11,10 +11,12 @@ ratio of the zstd shards (the plan's bytes read and written) and the step's trac
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
-import sys
 import time
 import tracemalloc
 
@@ -25,9 +27,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-    from data_common import WORK, ctx, shards, tokenizer
+    from bench.data_common import WORK, ctx, shards, tokenizer
     from steps.data.decontam import DecontamConfig, EvalSet, decontaminate
     from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.formats import iter_documents, write_documents

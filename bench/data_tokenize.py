@@ -1,13 +1,16 @@
 """Tokenize end to end (read .jsonl.zst, encode, write shards) against the raw encoder and
 against datatrove's DocumentTokenizer, side by side, on the same text and thread count.
 
-    .venv/bin/python bench/data_tokenize.py --threads 2 --scale 2 --repeats 3
+    .venv/bin/python -m bench.data_tokenize --threads 2 --scale 2 --repeats 3
 
 RAYON_NUM_THREADS is set before `tokenizers` is imported, so every contender (all in this one
 process) uses the same encoder thread pool. Ratios are of best-of-N wall times.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import os
@@ -29,7 +32,7 @@ def main() -> None:
 
     import numpy as np
 
-    from data_common import WORK, ctx, shards, tokenizer
+    from bench.data_common import WORK, ctx, shards, tokenizer
     from steps.data.formats import TokenDataset, iter_text_batches
     from steps.data.tokenize import TokenizeConfig, tokenize
     from steps.data.tokenizer import load_tokenizer

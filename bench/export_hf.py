@@ -1,9 +1,9 @@
 """export_hf: time and peak host memory of exporting a checkpoint, against the ceiling the issue
 names (the largest tensor plus a shard) and against the model.
 
-    .venv/bin/python bench/export_hf.py                       # tiny (laptop shapes) and medium
-    .venv/bin/python bench/export_hf.py --laptop OUT/midtrain/laptop-XXXX   # a real laptop checkpoint
-    .venv/bin/python bench/export_hf.py --medium-layers 24    # the whole medium preset (~43 GB on disk)
+    .venv/bin/python -m bench.export_hf                       # tiny (laptop shapes) and medium
+    .venv/bin/python -m bench.export_hf --laptop OUT/midtrain/laptop-XXXX   # a real laptop checkpoint
+    .venv/bin/python -m bench.export_hf --medium-layers 24    # the whole medium preset (~43 GB on disk)
 
 For each case the parent writes a DCP checkpoint of the preset's randomly initialized weights
 (fp32, tensor by tensor; model state only: the export never reads the optimizer's bytes), then
@@ -16,6 +16,9 @@ layer count, the time is linear in it.
 """
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -27,8 +30,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 
 GB = 1e9
 

@@ -1,7 +1,7 @@
 """Fault injection at scale (issue 3): many more trials than the tests, and the figures.
 
-    .venv/bin/python bench/faults.py               # 50 SIGKILLs and the rest: about 10 minutes on 2 cores
-    .venv/bin/python bench/faults.py --trials 1    # the quick form: under 2 minutes
+    .venv/bin/python -m bench.faults               # 50 SIGKILLs and the rest: about 10 minutes on 2 cores
+    .venv/bin/python -m bench.faults --trials 1    # the quick form: under 2 minutes
 
 Everything is real: `marin-run` processes, a multi-node Ray cluster on this machine
 (`tests/kits/cluster_host.py`: a head and two nodes with a `GB200` resource), a GCS emulator
@@ -22,6 +22,9 @@ connections at `--fault-rate` for the faulty ones. Sections:
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import json
 import os
@@ -36,10 +39,10 @@ import tempfile
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, ROOT)
 
 from kits import faultkit  # noqa: E402
 

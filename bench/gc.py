@@ -1,7 +1,7 @@
 """`--gc` on a prefix of 10k steps: time to list, bytes found, and the sweep (issue 21 item 6).
 
-    .venv/bin/python bench/gc.py                       # 10k steps on a local disk
-    .venv/bin/python bench/gc.py --steps 1000 --gcs    # ... and on the GCS emulator (started here)
+    .venv/bin/python -m bench.gc                       # 10k steps on a local disk
+    .venv/bin/python -m bench.gc --steps 1000 --gcs    # ... and on the GCS emulator (started here)
 
 The prefix holds what a voyage of N steps (layers of 100, each step reading two of the layer
 before, as bench/plan.py) leaves after some history: every step's current output committed in
@@ -18,6 +18,9 @@ ceiling for "walk the tree and add up bytes". Then `--yes`: the sweep, each outp
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -30,8 +33,7 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from bench import kit  # noqa: E402
 from bench.plan import make_steps  # noqa: E402
 from executor.gc import collect as gc  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
@@ -87,16 +89,13 @@ def measure(store: Store, steps_fn, n: int, data_bytes: int, local_root: str | N
     (write_local(local_root, files) if local_root else write_gcs(store, files))
     print(f"filled {len(files):,} files ({sum(map(len, files.values())):,} bytes) in {time.perf_counter() - t:.1f} s")
 
-    t, cpu = time.perf_counter(), time.process_time()
-    dags = [build_dag(steps_fn())]
-    build = (time.perf_counter() - t, time.process_time() - cpu)
-    t, cpu = time.perf_counter(), time.process_time()
-    listed, _ = gc.list_prefix(store)
-    listing = (time.perf_counter() - t, time.process_time() - cpu)
+    timing = kit.timed(lambda: [build_dag(steps_fn())])
+    dags, build = timing.value, (timing.wall_min, timing.cpu_min)
+    timing = kit.timed(lambda: gc.list_prefix(store))
+    (listed, _), listing = timing.value, (timing.wall_min, timing.cpu_min)
     assert len(listed) == len(files), (len(listed), len(files))
-    t, cpu = time.perf_counter(), time.process_time()
-    report = gc.collect(store, gc.reached_of(dags), grace=0)
-    collect = (time.perf_counter() - t, time.process_time() - cpu)
+    timing = kit.timed(lambda: gc.collect(store, gc.reached_of(dags), grace=0))
+    report, collect = timing.value, (timing.wall_min, timing.cpu_min)
     kinds = {k: sum(1 for i in report.items if i.kind == k) for k in (gc.OLD, gc.ABANDONED)}
     assert kinds == {gc.OLD: n, gc.ABANDONED: n} and len(report.items) == 2 * n, kinds
     assert report.bytes == old_bytes + abandoned_bytes, (report.bytes, old_bytes + abandoned_bytes)
@@ -113,6 +112,8 @@ def measure(store: Store, steps_fn, n: int, data_bytes: int, local_root: str | N
     for label, (wall, cpu_s) in rows:
         ratio = f"{cpu_s / rows[-1][1][1]:.1f}x" if local_root else ""
         print(f"  {label:<52} {wall:>7.2f} {cpu_s:>7.2f} {ratio:>8}")
+        kit.emit(f"{n} steps: {label}", quiet=True, steps=n, store="local" if local_root else "gcs",
+                 wall_s=round(wall, 3), cpu_s=round(cpu_s, 3))
     print(f"  found {len(report.items):,} items: {n:,} old versions + {n:,} abandoned attempts, "
           f"{gc.human(report.bytes)} ({report.bytes:,} bytes, as written) of {gc.human(report.listed_bytes)} listed; "
           f"load average {os.getloadavg()[0]:.1f}")

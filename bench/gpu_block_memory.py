@@ -25,9 +25,9 @@ killed half-way leaves the parts it finished):
 4. grouped_gemm: `expert_layout`'s offsets for the skewed counts against a plain reference, and
    `torch._grouped_mm` against one matmul per expert.
 
-    python3 bench/gpu_block_memory.py                      # on the GPU (bench/gpu_all.sh)
-    python bench/gpu_block_memory.py --dry                 # the CPU form: tiny shapes, a gloo group
-    python bench/gpu_block_memory.py --dry --inject '{"allocated_gib": 1.0}'  # verdicts on given figures
+    python3 -m bench.gpu_block_memory                      # on the GPU (bench/gpu_all.sh)
+    python -m bench.gpu_block_memory --dry                 # the CPU form: tiny shapes, a gloo group
+    python -m bench.gpu_block_memory --dry --inject '{"allocated_gib": 1.0}'  # verdicts on given figures
 
 `--inject` replaces measured figures before the verdicts (the dry mode has no memory readings):
 for testing the verdict logic only; the JSON lists what was injected. No GPU had been lent when
@@ -35,6 +35,9 @@ this was written: nothing here has run on one yet.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import os
 
@@ -52,8 +55,6 @@ import traceback  # noqa: E402
 
 if "--dry" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused router on the CPU
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

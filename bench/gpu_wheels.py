@@ -7,8 +7,8 @@ bench/train_gpu.py, bench/router.py and the modules they load, found by importin
 fresh interpreter), plus EXTRA, minus what the device has; with their requirements, the same
 rule, recursively. Each at the version installed here (the one the tests ran with).
 
-    python bench/gpu_wheels.py --download   # pip download what is missing into .whl/, then check
-    python bench/gpu_wheels.py              # check only: exit 0, or 2 with one line per problem
+    python -m bench.gpu_wheels --download   # pip download what is missing into .whl/, then check
+    python -m bench.gpu_wheels              # check only: exit 0, or 2 with one line per problem
 
 The check: every needed distribution has exactly one wheel in .whl/, at the version installed
 here, whose tags install on CPython 3.12 / manylinux x86-64 (or are pure Python); nothing else
@@ -19,6 +19,9 @@ on manylinux x86-64 from the folder alone, resolves them all. `.whl/` is ignored
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import importlib.metadata as md
 import json
@@ -27,7 +30,9 @@ import re
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 SCRIPTS = ("bench/gpu_block_memory.py", "bench/train_gpu.py", "bench/router.py")
 # Imported by the project's records and configs (executor/storage/records.py) on paths the scan above
 # may not take; the device lacks them (KINDS.md), so they travel too.
@@ -39,7 +44,6 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 _SCAN = r"""
 import importlib.util, json, sys
 import importlib.metadata as md
-sys.path.insert(0, ROOT)
 before = set(sys.modules)
 for path in SCRIPTS:
     spec = importlib.util.spec_from_file_location("scan_" + path.rsplit("/", 1)[-1][:-3], ROOT + "/" + path)

@@ -4,8 +4,8 @@ predicts rung 5 within 1.5%, whether the 90% band covers rung 5 and is no wider 
 whether the law beats both baselines (a power law without a floor, and the line through the last
 two points) on the same points. Figures as measured: rung 5 and the data are never tuned.
 
-    .venv/bin/python bench/ladder_laptop.py                    # a fresh prefix (removed after)
-    .venv/bin/python bench/ladder_laptop.py --prefix /tmp/lad  # kept: rerun to read it back cached
+    .venv/bin/python -m bench.ladder_laptop                    # a fresh prefix (removed after)
+    .venv/bin/python -m bench.ladder_laptop --prefix /tmp/lad  # kept: rerun to read it back cached
 
 Runs the voyage's own ladder steps (`marin-run voyages/535b.py --laptop --ladder` without the
 laptop run itself) through the executor on an embedded Ray.
@@ -13,18 +13,21 @@ laptop run itself) through the executor on an embedded Ray.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import importlib.util
 import json
 import os
-import pathlib
 import shutil
 import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 
 def load_voyage():

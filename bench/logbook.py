@@ -1,7 +1,7 @@
 """The logbook's costs (issue 30): writing a run's entry against the run, and `--log` over 1,000 entries.
 
-    .venv/bin/python bench/logbook.py                         # runs the laptop voyage once (README command)
-    .venv/bin/python bench/logbook.py --laptop-prefix out     # ... or reads a laptop prefix already run
+    .venv/bin/python -m bench.logbook                         # runs the laptop voyage once (README command)
+    .venv/bin/python -m bench.logbook --laptop-prefix out     # ... or reads a laptop prefix already run
 
 1. Writing the log: what `api.run_plan` adds to a laptop run (`executor.logbook.record_run`: the
    statuses of the steps, the records of the failed ones, the trainers' curves, the previous
@@ -15,6 +15,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import copy
 import io
@@ -27,8 +30,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 
 from executor import logbook  # noqa: E402
 from executor.storage.store import Store  # noqa: E402
@@ -87,16 +91,14 @@ def main() -> None:
 
         environment.current.cache_clear()
         logbook._git_info.cache_clear()
-        t0, c0 = time.perf_counter(), time.process_time()
-        logbook.git_info()  # once per process: the commit, `git status`, and `git diff HEAD` when dirty
-        git_once, git_cpu = time.perf_counter() - t0, time.process_time() - c0
-        times, cpu = [], []
-        for _ in range(args.repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            rel = logbook.record_run(plan, summary, "535b", extra={"config": config, "note": "bench"})
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            assert rel is not None
+        git = kit.timed(logbook.git_info)  # once per process: the commit, `git status`, and `git diff HEAD` when dirty
+        git_once, git_cpu = git.wall_min, git.cpu_min
+
+        def record() -> None:
+            assert logbook.record_run(plan, summary, "535b", extra={"config": config, "note": "bench"}) is not None
+
+        recorded = kit.timed(record, repeats=args.repeats)
+        times, cpu = list(recorded.wall), list(recorded.cpu)
         write = statistics.median(times) + git_once
         print(f"\n1. writing the log of a laptop run (median of {args.repeats}; entries {len(found) + 1}.."
               f"{len(found) + args.repeats})")

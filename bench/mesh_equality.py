@@ -4,20 +4,22 @@ weight after the last step, not in the loss alone (AdamW's scale invariance can 
 gradient divisor behind the loss). The same runs as tests/steps/train/test_train_mesh.py, which
 holds them to tolerances; this prints the figures.
 
-    python bench/mesh_equality.py [--root /tmp/mesh-equality]
+    python -m bench.mesh_equality [--root /tmp/mesh-equality]
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import json
 import os
 import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
     "ep=4 (dp_shard 4)": (dict(ep=4), 4, 0),

@@ -1,9 +1,9 @@
 """Planning synthetic DAGs, all cached, on a local prefix: wall time and µs per step.
 
-    .venv/bin/python bench/plan.py                 # 1k, 10k, 100k x chain, wide, layered
-    .venv/bin/python bench/plan.py --sizes 1000    # quick
-    .venv/bin/python bench/plan.py --provenance --sizes 10000   # licence and lineage bookkeeping: with / without
-    .venv/bin/python bench/plan.py --whole-process [--sizes 1000 3000] [--repeat 5]
+    .venv/bin/python -m bench.plan                 # 1k, 10k, 100k x chain, wide, layered
+    .venv/bin/python -m bench.plan --sizes 1000    # quick
+    .venv/bin/python -m bench.plan --provenance --sizes 10000   # licence and lineage bookkeeping: with / without
+    .venv/bin/python -m bench.plan --whole-process [--sizes 1000 3000] [--repeat 5]
         # `marin-run --dry-run` as a whole process beside `snakemake -n` and Luigi (bench/plan_peers.py)
 
 Target (issue 2): 10k steps in under 1 s, growing linearly. The prefix is filled once per shape
@@ -20,16 +20,16 @@ and with `make_plan(provenance=False)`, interleaved, and the ratio printed (targ
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
-import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from bench import kit  # noqa: E402
 from executor import License, LicensePolicy, Step, output_of, step_type  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
 from executor.lineage import Lineage  # noqa: E402
@@ -109,7 +109,7 @@ def main() -> None:
                          "(bench/plan_peers.py; --sizes default 1000 3000)")
     args = ap.parse_args()
     if args.whole_process:
-        import plan_peers
+        from bench import plan_peers
 
         sizes = args.sizes if args.sizes != ap.get_default("sizes") else [1000, 3000]
         return plan_peers.main(["--sizes", *map(str, sizes), "--reps", str(args.repeat)])
@@ -138,6 +138,9 @@ def main() -> None:
                 ratio = (best[2] / n * 10_000) / 1.0
                 print(f"{shape:<8} {n:>7} {best[0]:>8.3f} {best[1]:>8.3f} {best[2]:>8.3f} {us:>8.1f}  "
                       f"{ratio:.2f}x of the budget at this rate")
+                kit.emit(f"{shape} {n}", quiet=True, shape=shape, steps=n, clock="cpu" if args.cpu else "wall",
+                         repeats=args.repeat, build_s=round(best[0], 4), plan_s=round(best[1], 4),
+                         total_s=round(best[2], 4), us_per_step=round(us, 1))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 
@@ -172,6 +175,9 @@ def compare_provenance(args: argparse.Namespace) -> None:
                 ratio = best[True] / best[False]
                 print(f"{shape:<8} {n:>7} {sources:>7} {best[False]:>9.3f} {best[True]:>8.3f} {ratio:>5.2f}x "
                       f"{lineage_s:>9.3f}  {best[True] / n * 10_000:.2f}x of the budget at this rate")
+                kit.emit(f"provenance {shape} {n}", quiet=True, shape=shape, steps=n, sources=sources,
+                         repeats=args.repeat, without_s=round(best[False], 4), with_s=round(best[True], 4),
+                         ratio=round(ratio, 3), lineage_s=round(lineage_s, 4))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 

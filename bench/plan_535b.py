@@ -5,23 +5,26 @@ traced under FakeTensorMode), each in a fresh process, against the issue's targe
 and 8 GB). Then the plan of the chosen mesh and of alternatives, side by side with the anchor
 modeled by the same cost model, and the calibration under other readings of the anchor.
 
-    .venv/bin/python bench/plan_535b.py              # timing (3 runs) and the tables
-    .venv/bin/python bench/plan_535b.py --runs 1 --no-tables
-    .venv/bin/python bench/plan_535b.py --host-adam  # torch's CPU AdamW against a copy (offload "all")
+    .venv/bin/python -m bench.plan_535b              # timing (3 runs) and the tables
+    .venv/bin/python -m bench.plan_535b --runs 1 --no-tables
+    .venv/bin/python -m bench.plan_535b --host-adam  # torch's CPU AdamW against a copy (offload "all")
 """
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import json
-import pathlib
 import resource
 import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 TARGET_S, TARGET_GB = 60.0, 8.0
 
@@ -167,12 +170,7 @@ def host_adam(n: int = 16_000_000, repeats: int = 5) -> None:
     src, dst = torch.randn(n), torch.empty(n)
 
     def best(f) -> float:
-        out = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            f()
-            out = min(out, time.perf_counter() - start)
-        return out
+        return kit.timed(f, repeats=repeats).wall_min
 
     copy_s = best(lambda: dst.copy_(src))
     adam_s = best(opt.step)

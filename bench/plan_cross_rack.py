@@ -3,16 +3,15 @@ state on the host against the same step with it sharded across the racks' replic
 anchor, at the same calibration; peak memory against routing skew with and without the rank
 capacity; the loss's memory chunked and unchunked.
 
-    python bench/plan_cross_rack.py
+    python -m bench.plan_cross_rack
 """
 
 from __future__ import annotations
 
-import dataclasses
-import pathlib
-import sys
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import dataclasses
 
 from steps.moe.config import PRESETS  # noqa: E402
 from steps.scale import memory as mem  # noqa: E402

@@ -1,9 +1,9 @@
 """Whole-process planning of an up-to-date layered DAG: `marin-run --dry-run` beside `snakemake -n`
 and Luigi checking every task, each a fresh process, in one run on this machine (issue 20).
 
-    .venv/bin/python bench/plan_peers.py                      # 1,000 and 3,000 steps, 5 reps
-    .venv/bin/python bench/plan_peers.py --sizes 1000 --reps 3
-    .venv/bin/python bench/plan.py --whole-process            # the same, from bench/plan.py
+    .venv/bin/python -m bench.plan_peers                      # 1,000 and 3,000 steps, 5 reps
+    .venv/bin/python -m bench.plan_peers --sizes 1000 --reps 3
+    .venv/bin/python -m bench.plan --whole-process            # the same, from bench/plan.py
 
 The DAG: layers of 100 steps, each step of layer k reading two steps of layer k-1 (as in
 bench/plan.py's "layered"). Each tool gets it as one generated file, one declaration per step:
@@ -29,6 +29,9 @@ reach) was edited. The CPU ratio is the steadier figure on a loaded machine.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import hashlib
 import os
@@ -39,7 +42,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 BIN = os.path.dirname(sys.executable)
 WIDTH = 100
 

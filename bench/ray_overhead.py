@@ -1,7 +1,7 @@
 """What running steps through the executor on Ray costs, against calling the functions directly.
 
-    .venv/bin/python bench/ray_overhead.py                  # 500 trivial steps; 2 x 3 s CPU-bound
-    .venv/bin/python bench/ray_overhead.py --steps 100 --cpu-seconds 1
+    .venv/bin/python -m bench.ray_overhead                  # 500 trivial steps; 2 x 3 s CPU-bound
+    .venv/bin/python -m bench.ray_overhead --steps 100 --cpu-seconds 1
 
 1. 500 trivial independent steps (each writes one small file) through plan + Runner + Ray on an
    embedded local Ray, against the same 500 functions called in a loop: overhead per step.
@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import shutil
@@ -18,8 +21,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from executor import Resources, Step, StepContext, step_type  # noqa: E402
 from executor.api import plan_steps, run_plan  # noqa: E402

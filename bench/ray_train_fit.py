@@ -2,10 +2,13 @@
 function does nothing, with Ray Train's own TorchTrainer and with ours (steps.train.launch:
 the placement-group cleaner told to stop within 1 s instead of its 12 s timeout).
 
-    .venv/bin/python bench/ray_train_fit.py [--repeat 2]
+    .venv/bin/python -m bench.ray_train_fit [--repeat 2]
 
 Prints each fit's wall time and the ratio ours / Ray's. One embedded local Ray, as marin-run
 starts it; Ray Train's own environment settings are those launch.py sets (RAY_TRAIN_ENV)."""
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import os

@@ -1,8 +1,8 @@
 """Check and time the MoE router: the fused Triton op against unfused eager torch and against
 torch.compile of the same reference, forward alone and forward + backward.
 
-    python bench/router.py --device cuda          # one H200: T 8k/32k/64k x E 64/128/384, K = 8
-    python bench/router.py --device cpu --small   # reduced, TRITON_INTERPRET=1 (run by the tests)
+    python -m bench.router --device cuda          # one H200: T 8k/32k/64k x E 64/128/384, K = 8
+    python -m bench.router --device cpu --small   # reduced, TRITON_INTERPRET=1 (run by the tests)
 
 Bandwidth is effective: the bytes the router must move at the least (read the fp32 logits, write
 the outputs; in the backward read the logits again and write their gradient), divided by the
@@ -15,12 +15,12 @@ script, the checks and the three implementations run.
 Targets (issue 6), on the H200 at T = 32k, E = 384, K = 8: fused forward + backward at least 5x
 faster than unfused eager, and at least 40% of the measured copy bandwidth.
 """
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 import argparse
 import os
-import statistics
 import sys
-import time
-from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,11 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 ARGS = parse_args()
 if ARGS.device == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported, so the kernels interpret
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
+from bench import kit  # noqa: E402
 from steps.moe import router_kernel  # noqa: E402
 from steps.moe.router import RENORM_EPS, SCORE_FUNCS, least_traffic, route_fused, route_reference, untied_logits  # noqa: E402
 
@@ -67,13 +67,7 @@ def timer(device: str):
         return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
 
     def cpu_time(fn) -> float:
-        fn()
-        samples = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
+        return kit.timed(fn, repeats=2, warmup=1).wall_median * 1e3
 
     return cpu_time
 

@@ -2,9 +2,9 @@
 sm_90 with the specialisation the JIT gives them at launch, disassemble with the cuobjdump that
 ships in the Triton wheel, and count what one token costs.
 
-    python bench/router_sass.py                       # T = 32k, E in {64, 128, 384}, K = 8
-    python bench/router_sass.py --experts 384 --warps 1 2 4 --score-func softmax
-    python bench/router_sass.py --check               # what tests/steps/moe asserts
+    python -m bench.router_sass                       # T = 32k, E in {64, 128, 384}, K = 8
+    python -m bench.router_sass --experts 384 --warps 1 2 4 --score-func softmax
+    python -m bench.router_sass --check               # what tests/steps/moe asserts
 
 For each kernel it prints registers, spilled bytes, shared memory, the instructions of one pass
 of the token loop (the forward is a persistent loop; the backward is one tile a program), how
@@ -18,6 +18,9 @@ many of those are shuffles and barriers, and two lower bounds on the time at T t
 Neither is a measurement: stalls, latency and the tail are not in them. They rank designs and
 say which bound a kernel is near; bench/router.py --device cuda measures.
 """
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 import argparse
 import collections
 import os
@@ -29,7 +32,6 @@ from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":  # kernels defined under the interpreter cannot compile
     os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

@@ -2,10 +2,13 @@
 and how long it stood idle at the end (the critical path is the worker that finishes last).
 
     MARIN_SUITE_TIMELINE=/tmp/t.jsonl .venv/bin/python -m pytest -q -n 3 --dist loadgroup
-    .venv/bin/python bench/suite_timeline.py /tmp/t.jsonl [--top 8]
+    .venv/bin/python -m bench.suite_timeline /tmp/t.jsonl [--top 8]
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
 
 import argparse
 import collections

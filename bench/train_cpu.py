@@ -1,7 +1,7 @@
 """CPU training throughput of the tiny preset: one worker in-process vs two Ray Train workers.
 
-    .venv/bin/python bench/train_cpu.py                 # 150 steps of 32 x 64 tokens each way
-    .venv/bin/python bench/train_cpu.py --steps 300 --ray-defaults   # Ray Train's own settings
+    .venv/bin/python -m bench.train_cpu                 # 150 steps of 32 x 64 tokens each way
+    .venv/bin/python -m bench.train_cpu --steps 300 --ray-defaults   # Ray Train's own settings
 
 All runs train the same batches: one worker in-process with one torch thread, one worker with
 all the cores as threads, and two Ray Train workers over gloo DDP with half the cores each. Tokens/s is the mean of the metrics rows
@@ -12,18 +12,21 @@ wall is the whole step, checkpoints included.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import json
 import logging
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import Resources, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402

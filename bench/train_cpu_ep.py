@@ -2,8 +2,8 @@
 against data parallelism only (FSDP2 over 4, DDP over 4), the share of step time spent in the
 all-to-alls, and each mesh's loss against one process on the same batches.
 
-    .venv/bin/python bench/train_cpu_ep.py                        # tiny preset, 30 timed steps
-    .venv/bin/python bench/train_cpu_ep.py --dim 256 --experts 16 --expert-dim 128 --seq 128
+    .venv/bin/python -m bench.train_cpu_ep                        # tiny preset, 30 timed steps
+    .venv/bin/python -m bench.train_cpu_ep --dim 256 --experts 16 --expert-dim 128 --seq 128
 
 Every run uses the trainer's own pieces (steps/train: the mesh and component from a
 ParallelConfig, the model built on meta and initialized by name, AdamW, gradient clipping, the
@@ -25,17 +25,19 @@ preset through the real trainer).
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
 import os
-import pathlib
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 MESHES = {  # name -> ParallelConfig kwargs
     "ddp": {"dp_replicate": -1, "dp_shard": 1},

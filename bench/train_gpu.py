@@ -2,9 +2,9 @@
 (written for an H200), under each activation-checkpointing mode, and our MoE layer beside
 torchtitan's at the same shape.
 
-    python bench/train_gpu.py                                  # the whole thing (bench/gpu_all.sh)
-    python bench/train_gpu.py --checkpointing selective --batch 4 --steps 10  # less
-    python bench/train_gpu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --warmup 1 \
+    python -m bench.train_gpu                                  # the whole thing (bench/gpu_all.sh)
+    python -m bench.train_gpu --checkpointing selective --batch 4 --steps 10  # less
+    python -m bench.train_gpu --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --warmup 1 \
         --layer-tokens 256 --repeats 2                         # the script itself, on the CPU
     pip install torchtitan  # first, for the side-by-side (skipped with a reason if absent)
 
@@ -25,6 +25,9 @@ torchtitan's at the same shape.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -32,8 +35,9 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

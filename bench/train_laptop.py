@@ -2,8 +2,8 @@
 mixture (pretrain stage, midtrain stage) -> pretrain -> midtrain -> eval, timing each step and
 printing the held-out loss beside the unigram baseline (docs/training.md, "Laptop settings").
 
-    .venv/bin/python bench/train_laptop.py                      # the recipe
-    .venv/bin/python bench/train_laptop.py --steps 200 --lr 3e-3  # a variant
+    .venv/bin/python -m bench.train_laptop                      # the recipe
+    .venv/bin/python -m bench.train_laptop --steps 200 --lr 3e-3  # a variant
 
 The step functions run in-process (no Ray, no executor), so the times are the steps' own work;
 under marin-run add Ray's start (a few seconds) and the executor's bookkeeping.
@@ -11,18 +11,21 @@ under marin-run add Ray's start (a few seconds) and the executor's bookkeeping.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
 import logging
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import Resources, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402

@@ -1,8 +1,8 @@
 """The trainer's operations figures (issue 21), on the laptop recipe on CPU:
 
-    .venv/bin/python bench/train_ops.py stall      # checkpoint stall: sync vs async, plain and slow store
-    .venv/bin/python bench/train_ops.py recover    # detection -> training again: watchdog and rewind
-    .venv/bin/python bench/train_ops.py health     # MoE health metrics' cost per step, tiny and small
+    .venv/bin/python -m bench.train_ops stall      # checkpoint stall: sync vs async, plain and slow store
+    .venv/bin/python -m bench.train_ops recover    # detection -> training again: watchdog and rewind
+    .venv/bin/python -m bench.train_ops health     # MoE health metrics' cost per step, tiny and small
 
 stall: the laptop recipe (tiny preset, 32 x 64 tokens a step, one thread) for `--steps` steps
 with a checkpoint every 10, saved synchronously and asynchronously (steps/train/saving.py), on
@@ -25,6 +25,9 @@ default `log_every` (10) is the difference divided by 10. The small preset (dim 
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import dataclasses
 import json
@@ -33,13 +36,12 @@ import os
 import pathlib
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import kit  # noqa: E402
+
+ROOT = kit.ROOT
 
 from executor import Hang, StepContext  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402

@@ -1,7 +1,7 @@
 """The trainer's data wait per step, before and after read-ahead, on a store with injected
 latency (issue 19 item 6).
 
-    .venv/bin/python bench/train_readahead.py --steps 30 --compute 0.1
+    .venv/bin/python -m bench.train_readahead --steps 30 --compute 0.1
 
 One rank's share of the 535B voyage: 16 sequences of 4,096 + 1 tokens a step, uint32 tokens
 (a 128k vocabulary), read through a mixture of two token datasets held in memory behind a
@@ -20,9 +20,11 @@ Data wait: the time `step(s)` blocks, averaged over steps 1.. (step 0 has nothin
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import concurrent.futures
-import sys
 import time
 
 import fsspec
@@ -57,7 +59,6 @@ def main() -> None:
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--latencies", default="0,10,40")
     args = ap.parse_args()
-    sys.path.insert(0, __file__.rsplit("/", 2)[0])
     fsspec.register_implementation("latencymem", LatencyFS, clobber=True)
 
     from executor import StepContext

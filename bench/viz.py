@@ -1,8 +1,8 @@
 """Drawing synthetic plans: time to write each --viz format, the HTML's size, and the time until
 headless Chromium has the drawing on screen.
 
-    .venv/bin/python bench/viz.py                      # 100, 1,000 and 10,000 steps
-    .venv/bin/python bench/viz.py --sizes 100 --no-browser
+    .venv/bin/python -m bench.viz                      # 100, 1,000 and 10,000 steps
+    .venv/bin/python -m bench.viz --sizes 100 --no-browser
 
 The plan is voyage-shaped: per shard `raw/{i} -> tokenized/{i} -> dedup/{i}` (the tokenizer feeds
 every tokenize step), one mixture over every dedup, then pretrain, midtrain and a few evals. Its
@@ -16,17 +16,17 @@ other figure is the best of `--repeat` runs (3), since the machine may be shared
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from bench import kit  # noqa: E402
 from executor import Resources, Step, output_of, step_type  # noqa: E402
 from executor.dag import build_dag  # noqa: E402
 from executor.plan import CACHED, RETRY, RUN, SKIPPED, STALE, Decision, Plan, StaleInput  # noqa: E402
@@ -122,12 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             if ext == ".svg" and not dot_available():
                 row[ext] = None
                 continue
-            best = float("inf")
-            for _ in range(args.repeat):
-                t0 = time.perf_counter()
-                data = render(plan, ext, title=f"synthetic {n}")
-                best = min(best, time.perf_counter() - t0)
-            row[ext] = best
+            rendered = kit.timed(lambda: render(plan, ext, title=f"synthetic {n}"), repeats=args.repeat)
+            data, row[ext] = rendered.value, rendered.wall_min
             path = os.path.join(out, f"plan-{n}{ext}")
             with open(path, "wb") as f:
                 f.write(data)
@@ -153,20 +149,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _live_write(plan: Plan) -> tuple[float, float]:
     """The live page on the plan's (local) prefix: time to prepare it, then the median of 5 writes."""
-    import statistics
-
     from executor.views.live import LivePage
 
-    t0 = time.perf_counter()
-    page = LivePage(plan, "bench", "0123456789")
-    prepare = time.perf_counter() - t0
-    writes = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        page.flush()
-        writes.append(time.perf_counter() - t0)
+    made = kit.timed(lambda: LivePage(plan, "bench", "0123456789"))
+    page, prepare = made.value, made.wall_min
+    writes = kit.timed(page.flush, repeats=5)
     assert page.failures == 0
-    return prepare, statistics.median(writes)
+    return prepare, writes.wall_median
 
 
 def _on_screen(chromium: str, path: str) -> float:

@@ -2,7 +2,7 @@
 budget's scale (18.75T tokens in sequences of 4096: 4.58e9 sequences), against the target of
 1 s per document with bounded memory.
 
-    .venv/bin/python bench/which_saw.py [--prefix out] [--documents 200]
+    .venv/bin/python -m bench.which_saw [--prefix out] [--documents 200]
 
 Laptop: the voyage is run first if its prefix is not complete (`marin-run voyages/535b.py
 --laptop`); then documents of both sources are answered end to end (`which_saw`: the scan of the
@@ -19,6 +19,9 @@ peak RSS.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python bench/NAME.py`: the repository root in place of bench/
+    import pathlib, sys; sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: E401,E702
+
 import argparse
 import os
 import random
@@ -29,8 +32,9 @@ import sys
 import time
 import tracemalloc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench import kit  # noqa: E402
+
+ROOT = str(kit.ROOT)
 TARGET_S = 1.0
 
 
@@ -129,6 +133,8 @@ def _row(what: str, times: list[float]) -> None:
     p50, p99, worst = times[len(times) // 2], times[min(len(times) - 1, int(0.99 * len(times)))], times[-1]
     print(f"  {what}: median {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {worst * 1e3:.2f} ms  "
           f"-> {worst / TARGET_S:.4f} x the 1 s target (max)")
+    kit.emit(what.strip(), quiet=True, n=len(times), median_ms=round(p50 * 1e3, 3), p99_ms=round(p99 * 1e3, 3),
+             max_ms=round(worst * 1e3, 3), x_target=round(worst / TARGET_S, 4))
 
 
 def main() -> None:

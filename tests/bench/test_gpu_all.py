@@ -6,7 +6,7 @@ script and its logic, never a GPU result."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import json
 import os
 import pathlib
@@ -21,10 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"bench.{name}")
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,13 @@ in milliseconds and without Ray.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
-import os
-import sys
 from dataclasses import dataclass
 
 from executor import Step, output_of, run_only, step_type
 from executor.api import plan_steps
 from executor.plan import Plan, Selection
 from executor.testing import InlineBackend, run_inline  # noqa: F401  (re-exported for the tests)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def replan(steps, prefix, selection=None) -> Plan:
@@ -88,13 +82,10 @@ def small_voyage(salt_file="", fail=False, note="", value="A"):
     return [abc, model, lone]
 
 
-@functools.lru_cache(maxsize=1)
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_viz", os.path.join(ROOT, "bench", "viz.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it is executed
-    spec.loader.exec_module(module)
-    return module
+    from bench import viz
+
+    return viz
 
 
 def synthetic_plan(n: int, prefix: str) -> Plan:

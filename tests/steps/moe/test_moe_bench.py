@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_router_bench_cpu_small():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "router.py"), "--device", "cpu", "--small"],
+    proc = subprocess.run([sys.executable, "-m", "bench.router", "--device", "cpu", "--small"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
