@@ -36,7 +36,7 @@ ROOT = str(kit.ROOT)
 
 from executor import logbook  # noqa: E402
 from executor.storage.store import Store  # noqa: E402
-from executor.views.logbook import print_log, write_index  # noqa: E402
+from executor.views.logbook import print_log, rewrite_index, write_index  # noqa: E402
 
 VOYAGE = os.path.join(ROOT, "voyages", "535b.py")
 
@@ -96,6 +96,7 @@ def main() -> None:
 
         def record() -> None:
             assert logbook.record_run(plan, summary, "535b", extra={"config": config, "note": "bench"}) is not None
+            rewrite_index(plan.store, "535b")  # as api.run_plan does after each entry
 
         recorded = kit.timed(record, repeats=args.repeats)
         times, cpu = list(recorded.wall), list(recorded.cpu)

@@ -98,8 +98,10 @@ def run_plan(plan: Plan, *, ray_address: str | None = None, max_concurrent: int 
             summary.page = page.url
         if voyage:
             from executor.logbook import record_run
+            from executor.views.logbook import rewrite_index
 
             record_run(plan, summary, voyage, page_folder=page.folder if page is not None else None, extra=log)
+            rewrite_index(plan.store, voyage)  # the voyage's page of its entries
         return summary
     finally:
         if started:

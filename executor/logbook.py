@@ -414,9 +414,6 @@ def record_run(plan: Plan, summary: RunSummary | None, voyage: str, *, page_fold
     except Exception as e:
         log.warning("logbook: no entry written for this run (%s: %s); the voyage goes on", type(e).__name__, e)
         return None
-    from executor.views.logbook import rewrite_index  # the page of the entries (views sit above)
-
-    rewrite_index(plan.store, voyage)
     return rel
 
 

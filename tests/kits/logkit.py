@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from kits.vizkit import run_inline, small_voyage
 
 from executor import logbook, step_type
+from executor.views.logbook import rewrite_index
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOYAGE = os.path.join(ROOT, "tests", "kits", "logbook_voyage.py")
@@ -20,6 +21,7 @@ def run_and_log(prefix, *, fail=False, value="A", note=None):
     rel = logbook.record_run(plan, summary, NAME, extra={"config": config, "note": note,
                                                         "flags": {"rerun": [], "only": [], "downstream": False}})
     assert rel is not None
+    rewrite_index(plan.store, NAME)
     return plan, summary, rel
 
 

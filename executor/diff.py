@@ -45,11 +45,11 @@ import json, sys
 root, voyage, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sys.path.insert(0, root)
 from executor import voyage as voyage_mod
-from executor.cli import _parse_config
+from executor.config_args import parse_config
 from executor.dag import build_dag
 from executor.identity import plain
 vf = voyage_mod.load(voyage)
-config = _parse_config(vf, overrides)
+config = parse_config(vf, overrides)
 dag = build_dag(voyage_mod.build_steps(vf, config))
 out = {}
 for node in dag:
@@ -335,12 +335,12 @@ def _md(text: str) -> str:
 
 def diff_command(opts: Options) -> int:
     from executor import voyage as voyage_mod
-    from executor.cli import PROG, _parse_config
+    from executor.config_args import PROG, parse_config
 
     repo = checkout_of(opts.voyage)
     commit = resolve(repo, opts.diff)
     vf = voyage_mod.load(opts.voyage)
-    config = _parse_config(vf, opts.overrides)
+    config = parse_config(vf, opts.overrides)
     voyage_rel = os.path.relpath(os.path.realpath(opts.voyage), os.path.realpath(repo))
     old = identities_at(repo, commit, voyage_rel, list(opts.overrides))
     new = identities_here(vf, config)

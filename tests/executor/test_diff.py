@@ -1,4 +1,4 @@
-"""`marin-run VOYAGE --diff REV` (executor.views.diff): the voyage planned as of a git revision
+"""`marin-run VOYAGE --diff REV` (executor.diff): the voyage planned as of a git revision
 against the working tree, on throwaway git repositories holding this checkout's files."""
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from executor import cli
 from executor.storage.store import Store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
 
