@@ -37,8 +37,8 @@ class MoEConfig:
     rank_capacity_factor: float = 0.0
     # Each expert takes at most ceil(this x N / E) of a micro-batch's N = T*K slots (the anchor's
     # capacity factor 1.15); the expert's slots past it, the last tokens, are dropped and counted
-    # (moe_dropped, per layer in health). 0: no per-expert bound. Applied where the experts are
-    # local (ep = 1); under expert parallelism rank_capacity_factor bounds a rank's rows instead.
+    # (moe_dropped, per layer in health). 0: no per-expert bound. Under expert parallelism N is the
+    # group's slots and the cut is taken before rank_capacity_factor's (steps/moe/expert_parallel.py).
     expert_capacity_factor: float = 0.0
     # The head and the cross-entropy run fused, this many vocabulary rows at a time: no [T, V]
     # logits are ever whole (steps/moe/head.py); the same value and gradient as unchunked.

@@ -32,6 +32,12 @@ capacity factor does). A dropped slot's output is zero: its token keeps its othe
 the shared experts. The buffers are then at most C rows; the drops are counted on the sending
 rank (`MoE.dropped_slots`, `take_dropped`) and reported in the metrics. f = 0: unbounded, the
 buffers as large as the routing makes them (one rank can receive P*N rows).
+
+Per-expert capacity (`MoEConfig.expert_capacity_factor`, f > 0; the anchor's 1.15): also on the
+all-gathered counts, before the rank cut, each expert keeps its first ceil(f*P*N/E) slots in
+(source rank, token) order, the group's micro-batches laid end to end: the same cut as
+`LocalExperts` on that whole batch, so with the rank bound not reached the group computes what
+one process computes on the concatenated batch (tests/steps/moe/test_moe_capacity.py).
 The collectives are functional collectives (`torch.distributed._functional_collectives`), whose
 outputs selective activation checkpointing can save, so a recomputed block does not send its
 tokens again (steps/train/recompute.py).
@@ -44,7 +50,7 @@ import math
 import torch
 from torch import Tensor
 
-from steps.moe.model import MoE, _Dispatch, _recomputing, expert_ffn, expert_layout, local_weight
+from steps.moe.model import MoE, _Dispatch, _recomputing, expert_capacity, expert_ffn, expert_layout, local_weight
 
 
 def _splits(sent_Pe: Tensor, got_Pe: Tensor) -> tuple[list[int], list[int]]:
@@ -89,9 +95,11 @@ class AllToAllExperts:
         N = flat_N.numel()
         order_N = torch.argsort(flat_N, stable=True)
         pos_N = torch.empty_like(order_N)
-        factor = moe.cfg.rank_capacity_factor
+        rank_f, expert_f = moe.cfg.rank_capacity_factor, moe.cfg.expert_capacity_factor
+        factor = rank_f or expert_f
         if factor:
-            sent_Pe, got_Pe = self._bounded_counts(counts_E, math.ceil(factor * N))
+            sent_Pe, got_Pe = self._bounded_counts(counts_E, math.ceil(rank_f * N) if rank_f else 0,
+                                                   expert_capacity(expert_f, P * N, moe.cfg.n_experts))
             # keep the first `sent` slots of each expert's group (in token order), drop the rest
             start_E = torch.cumsum(counts_E, 0) - counts_E
             sorted_N = flat_N[order_N]
@@ -129,18 +137,28 @@ class AllToAllExperts:
         return out_TD if shared_TD is None else out_TD + shared_TD
 
 
-    def _bounded_counts(self, counts_E: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+    def _bounded_counts(self, counts_E: Tensor, capacity: int, per_expert: int = 0) -> tuple[Tensor, Tensor]:
         """(what this rank sends to each rank's experts [P, e], what it receives from each rank
-        for its experts [P, e]) with no rank receiving more than `capacity` rows: every rank's
-        counts all-gathered, and the same floor(count * C / R) cut computed everywhere."""
+        for its experts [P, e]): every rank's counts all-gathered, and the same cuts computed
+        everywhere. First the per-expert one (`per_expert` > 0): each expert keeps its first
+        `per_expert` slots in (source rank, token) order, which is the order of the group's
+        micro-batches laid end to end, so it cuts as LocalExperts does on that whole batch. Then
+        the rank one (`capacity` > 0): no rank receives more than `capacity` rows, the
+        floor(count * C / R) cut of what the first left."""
         import torch.distributed as dist
 
         P, e = self.size, self.per_rank
         every = all_gather_rows(counts_E.to(torch.int64).contiguous(), self.group)
         every_SDe = torch.ops._c10d_functional.wait_tensor(every).view(P, P, e)  # source, destination, expert
-        offered_D = every_SDe.sum((0, 2))
-        keep_SDe = torch.where((offered_D > capacity).view(1, P, 1),
-                               every_SDe * capacity // offered_D.clamp_min(1).view(1, P, 1), every_SDe)
+        if per_expert:
+            every_SE = every_SDe.reshape(P, P * e)
+            before_SE = torch.cumsum(every_SE, 0) - every_SE  # the expert's slots from earlier sources
+            every_SDe = torch.minimum(every_SE, (per_expert - before_SE).clamp_min(0)).view(P, P, e)
+        keep_SDe = every_SDe
+        if capacity:
+            offered_D = every_SDe.sum((0, 2))
+            keep_SDe = torch.where((offered_D > capacity).view(1, P, 1),
+                                   every_SDe * capacity // offered_D.clamp_min(1).view(1, P, 1), every_SDe)
         me = dist.get_rank(self.group)
         return keep_SDe[me], keep_SDe[:, me]
 

@@ -202,6 +202,13 @@ def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, off
         return torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
 
 
+def expert_capacity(factor: float, slots: int, n_experts: int) -> int:
+    """Slots one expert takes at most: ceil(factor x slots / E), `slots` the token-expert slots of
+    the micro-batch (under expert parallelism, of the whole group's). 0 when `factor` is 0 (no
+    bound). One formula for both paths, so they cut at the same count."""
+    return math.ceil(factor * slots / n_experts) if factor else 0
+
+
 class LocalExperts:
     """Every routed expert on this rank: tokens copied into the expert-sorted, padded buffer,
     three grouped GEMMs, gathered back and weighted by the router. `beside` (the shared experts)
@@ -212,7 +219,7 @@ class LocalExperts:
         T, K = idx_TK.shape
         factor = moe.cfg.expert_capacity_factor
         if factor:
-            return self._bounded(moe, x_TD, w_TK, idx_TK, counts_E, beside, math.ceil(factor * T * K / counts_E.numel()))
+            return self._bounded(moe, x_TD, w_TK, idx_TK, counts_E, beside, expert_capacity(factor, T * K, counts_E.numel()))
         row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, moe.cfg.expert_align)
         x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows)
         y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),

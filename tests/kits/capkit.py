@@ -38,3 +38,97 @@ def skewed_moe(out: str, factors: tuple[float, ...]) -> None:
         seen[factor] = {"y": y.detach(), "dx": xi.grad, "received": moe.experts.received,
                         "routed": routed, "dropped": dropped}
     torch.save(seen, f"{out}/rank{rank}.pt")
+
+
+# (name, rank_capacity_factor, expert_capacity_factor, router bias) of the checkpointing test:
+# "expert" cuts per expert only; "both" adds a rank bound the routing never reaches (so it is
+# "expert" again: run without checkpointing only); "rank" sends every token to rank 0's experts,
+# where the rank bound cuts.
+CAPPED_CASES = (("expert", 0.0, 1.0, "slope"), ("both", 10.0, 1.0, "slope"), ("rank", 1.0, 2.0, "rank0"))
+CAPPED_MODES = (None, "selective", "full")
+
+
+def capped_modes_of(name: str) -> tuple:
+    return (None,) if name == "both" else CAPPED_MODES
+CAPPED_SHAPE = (2, 12)  # a rank's micro-batch: sequences, tokens
+
+
+def capped_block(cfg, rank_f: float, expert_f: float, bias: str, world: int):
+    """The tiny block of the checkpointing test, the same weights in every process (the expert
+    weights whole: shard them for expert parallelism)."""
+    import torch
+
+    from steps.moe.model import Block
+
+    cfg = dataclasses.replace(cfg, rank_capacity_factor=rank_f, expert_capacity_factor=expert_f)
+    torch.manual_seed(0)
+    block = Block(cfg, 1)
+    for p in block.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    with torch.no_grad():
+        if bias == "slope":  # the first experts favoured: they overflow a per-expert bound
+            block.moe.expert_bias_E.copy_(0.5 * torch.linspace(1, -1, cfg.n_experts))
+        else:  # every token to the experts of rank 0
+            block.moe.expert_bias_E.zero_()
+            block.moe.expert_bias_E[:cfg.n_experts // world] = 100.0
+    return block
+
+
+def capped_input(rank: int):
+    import torch
+
+    from steps.moe.config import PRESETS
+
+    return torch.randn(*CAPPED_SHAPE, PRESETS["tiny"].dim, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def capped_modes(out: str) -> None:
+    """On each rank (ep = world): the tiny block through the capped dispatch, for each case and
+    checkpointing mode one forward and backward; writes the output, input and parameter gradients
+    (this rank's expert shards), the per-layer drop counts, the rows received and the host reads
+    (Tensor.tolist / item calls) of the forward and backward."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from steps.moe.config import PRESETS
+    from steps.moe.expert_parallel import shard_experts, take_dropped_layers
+    from steps.moe.model import rope_tables
+    from steps.train.recompute import context_fn
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+    cfg = PRESETS["tiny"]
+    cos, sin = rope_tables(CAPPED_SHAPE[1], cfg.head_dim, cfg.rope_theta, "cpu")
+    reads = [0]
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
+
+    def tolist(t):
+        reads[0] += 1
+        return real_tolist(t)
+
+    def item(t):
+        reads[0] += 1
+        return real_item(t)
+
+    seen = {}
+    for name, rank_f, expert_f, bias in CAPPED_CASES:
+        for mode in capped_modes_of(name):
+            block = capped_block(cfg, rank_f, expert_f, bias, world)
+            shard_experts(block.moe, mesh)
+            block.recompute = context_fn(mode) if mode else None
+            x = capped_input(rank).requires_grad_(True)
+            reads[0] = 0
+            torch.Tensor.tolist, torch.Tensor.item = tolist, item
+            try:
+                y, loss = block(x, cos, sin)
+                (y.square().sum() + loss / world).backward()  # the router loss is a mean over the group's tokens
+            finally:
+                torch.Tensor.tolist, torch.Tensor.item = real_tolist, real_item
+            grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone()
+                     for n, p in block.named_parameters()}
+            seen[name, mode] = {"y": y.detach(), "dx": x.grad, "grads": grads,
+                                "drops": take_dropped_layers([block.moe]), "received": block.moe.experts.received,
+                                "reads": reads[0]}
+    torch.save(seen, f"{out}/rank{rank}.pt")

@@ -10,6 +10,10 @@ are skipped. A trainer's rows carry more, read here too:
 
 - `health` (steps/train/health.py): lists with one value per MoE layer. `load_max_mean` becomes
   the expert-load heatmap (layer x step); each list also becomes `{name}_min/_mean/_max` series.
+- drops past a capacity (`moe_dropped_share` of the row, `dropped_share` per layer in `health`):
+  `drops` keeps the run's largest share of a row, the worst layer's largest share with its layer
+  and step, and the last row's share, for the page's line above the charts; only when a row's
+  health lists drops (a capacity applies), not for a dropless run's zeros.
 - `events`: spike skips and rewinds (steps/train/spikes.py), marked on the loss curve.
 - `tokens` and `loss`: the loss by tokens, so that pretrain and midtrain join into one curve.
 - a rewind (an event `{"kind": "rewind", "skipped": [a, b]}`): the weights went back to step a's
@@ -70,7 +74,7 @@ class Series:
 
 
 REFERENCE_FILE = "reference_curve.json"
-HEALTH_LISTS = ("load_max_mean", "router_entropy", "bias_spread", "dropped")
+HEALTH_LISTS = ("load_max_mean", "router_entropy", "bias_spread", "dropped", "dropped_share")
 
 
 class Curves:
@@ -85,6 +89,7 @@ class Curves:
         self.events: list[dict[str, Any]] = []
         self.reference: list[list[float]] | None = None
         self.rewound: list[list[float]] = []  # [from step, to step, from tokens, to tokens]
+        self.drops: dict[str, float] = {}  # share_max, last; layer_max, layer, layer_step
 
     def feed(self, data: bytes) -> int:
         """Parse the complete lines of `data`; returns the bytes consumed (up to the last newline)."""
@@ -117,6 +122,12 @@ class Curves:
                     self.series.setdefault(f"{name}_{stat}", Series()).add(x, float(v))
                 if name == "load_max_mean":
                     self.heat.add(x, [round(float(v), 4) for v in values])
+                if name == "dropped_share" and max(values) > self.drops.get("layer_max", -1.0):
+                    worst = max(range(len(values)), key=values.__getitem__)
+                    self.drops.update(layer_max=float(values[worst]), layer=worst, layer_step=x)
+        share = row.get("moe_dropped_share")
+        if _number(share):
+            self.drops.update(share_max=max(float(share), self.drops.get("share_max", 0.0)), last=float(share))
         if _number(row.get("tokens")) and _number(row.get("loss")):
             self.by_tokens.add(float(row["tokens"]), float(row["loss"]))
         for event in row.get("events") or []:
@@ -148,6 +159,8 @@ class Curves:
             out["events"] = self.events[-200:]
         if self.rewound:
             out["rewound"] = self.rewound[-50:]
+        if "layer_max" in self.drops:  # a capacity applied (health lists drops only then)
+            out["drops"] = dict(self.drops)
         if self.reference:
             out["reference"] = self.reference
         return out

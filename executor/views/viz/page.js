@@ -439,7 +439,7 @@
 
   // -- training curves (inline SVG) -------------------------------------------------------------------
   const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
-  const PREFERRED = ["loss", "grad_norm", "lr", "load_max_mean", "router_entropy", "bias_spread", "dropped", "tokens_per_s", "expert_load"];
+  const PREFERRED = ["loss", "grad_norm", "lr", "load_max_mean", "router_entropy", "bias_spread", "dropped_share", "moe_dropped_share", "dropped", "tokens_per_s", "expert_load"];
   function fmt(v) {
     const a = Math.abs(v);
     if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
@@ -456,8 +456,18 @@
       return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib) || a.localeCompare(b);
     });
     const wrap = h("div", "charts");
+    if (m.drops) wrap.appendChild(h("div", "drops", dropsLine(m.drops)));
     names.forEach((name) => wrap.appendChild(chart(name, byChart[name].sort(), m)));
     return wrap;
+  }
+  // Token-expert assignments dropped past a capacity: the run's largest share of a logged row,
+  // the worst layer's (which layer, at which step) and the last row's.
+  function dropsLine(d) {
+    const p = (v) => (100 * v).toPrecision(3) + "%";
+    const parts = ["MoE drops:"];
+    if (d.share_max !== undefined) parts.push("run max " + p(d.share_max) + " of the assignments", "last " + p(d.last));
+    if (d.layer_max !== undefined) parts.push("worst layer " + d.layer + " at " + p(d.layer_max) + " (step " + fmt(d.layer_step) + ")");
+    return parts.join(" · ").replace(": · ", ": ");
   }
   function short(v) {  // 1.2M, 3.4B: token counts on an axis
     const a = Math.abs(v);

@@ -1,7 +1,7 @@
 """The laptop voyage's live page in headless Chromium at 1400x1800 (issue 21 item 5): the DAG fits
 its panel with readable boxes, the expert-load heatmap is drawn (layers x logged steps, not
 blank), the loss runs on from pretrain into midtrain by tokens with the reference curve over it,
-and the curves show their values. The screenshot is checked by its pixels and kept under
+and the curves show their values, with a capped run's MoE drops above them. The screenshot is checked by its pixels and kept under
 `.artifacts/browser/` for a person to look at."""
 
 import json
@@ -27,6 +27,15 @@ def test_the_laptop_voyage_page_shows_health_heatmap_and_one_curve(laptop_voyage
     # the page of a run of the laptop voyage, over a copy of its prefix (the fixture is shared)
     prefix = tmp_path / "out"
     shutil.copytree(laptop_voyage.prefix, prefix)
+    # a capped run's drops (issue 31), as the trainer logs them, appended to the training steps'
+    # metrics: one more row each, 2.5% of layer 1's assignments dropped
+    layers = len(json.loads(next(prefix.rglob("metrics.jsonl")).read_text().splitlines()[-1])["health"]["load_max_mean"])
+    for metrics in prefix.rglob("metrics.jsonl"):
+        last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+        share = [0.025 if layer == 1 else 0.0 for layer in range(layers)]
+        with open(metrics, "a") as f:
+            f.write(json.dumps({"step": last + 1, "moe_dropped": 40, "moe_dropped_share": 0.025 / layers,
+                                "health": {"dropped": [int(1600 * v) for v in share], "dropped_share": share}}) + "\n")
     from executor.api import plan_steps
 
     plan = plan_steps(laptop_voyage.module.voyage(laptop_voyage.config), str(prefix))
@@ -69,6 +78,8 @@ def test_the_laptop_voyage_page_shows_health_heatmap_and_one_curve(laptop_voyage
             charts = tab.locator("svg.chart:not(.overview)")
             assert charts.count() >= 6 and all(charts.nth(i).bounding_box()["width"] >= 260 for i in range(6))
             assert tab.locator("svg.chart .value").count() >= 6
+            drops = tab.locator("#curves .charts .drops").first
+            assert "worst layer 1 at 2.50%" in drops.inner_text() and drops.bounding_box()["width"] >= 1000
             heat = tab.locator("canvas.heatmap").first.bounding_box()
             assert heat["width"] >= 1000 and heat["height"] >= 80
             os.makedirs(ARTIFACTS, exist_ok=True)

@@ -56,3 +56,24 @@ def test_reference_formats():
     assert parse_reference(b"[[1, 2.5], [2, 2.0]]") == [[1.0, 2.5], [2.0, 2.0]]
     assert parse_reference(b"{nope") is None
     assert parse_reference(b'{"tokens": [], "loss": []}') is None
+
+
+def test_drop_shares_per_layer_and_the_run_max_are_read():
+    """Issue 31: a capped run's drops (health's dropped_share per layer, the row's
+    moe_dropped_share) become curves and the `drops` summary: the run's largest share, the worst
+    layer's with its layer and step, and the last; a dropless run (no per-layer drops) has none."""
+    from executor.views.viz.metrics import Curves
+
+    shares = {10: ([0.0, 0.01, 0.002, 0.0], 0.003), 20: ([0.0, 0.004, 0.03, 0.0], 0.0085), 30: ([0.0, 0.0, 0.001, 0.0], 0.00025)}
+    c = Curves()
+    c.feed("".join(json.dumps(_row(s, moe_dropped=int(1e4 * t), moe_dropped_share=t,
+                                   health={"load_max_mean": [1.0] * 4, "dropped": [int(1e4 * v) for v in per],
+                                           "dropped_share": per})) + "\n"
+                   for s, (per, t) in shares.items()).encode())
+    out = c.to_json()
+    assert out["drops"] == {"share_max": 0.0085, "last": 0.00025, "layer_max": 0.03, "layer": 2, "layer_step": 20.0}
+    assert out["series"]["dropped_share_max"] == [[10.0, 0.01], [20.0, 0.03], [30.0, 0.001]]
+    assert out["series"]["moe_dropped_share"][-1] == [30.0, 0.00025]
+    dropless = Curves()
+    dropless.feed((json.dumps(_row(10, moe_dropped=0, moe_dropped_share=0.0)) + "\n").encode())
+    assert "drops" not in dropless.to_json() and "dropped_share_max" not in dropless.to_json()["series"]

@@ -97,3 +97,90 @@ def test_per_expert_capacity_is_the_same_under_checkpointing(mode):
     assert torch.equal(base[0], again[0]) and torch.equal(base[1], again[1])
     assert all(torch.allclose(base[2][n], again[2][n], rtol=0, atol=0) for n in base[2])
     assert base[3:] == again[3:]
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """The capped dispatch on 2 gloo processes (tests/kits/capkit.py capped_modes): every case
+    under every checkpointing mode, each rank's results."""
+    from kits.capkit import capped_modes
+
+    out = tmp_path_factory.mktemp("capped")
+    spawn(capped_modes, (str(out),), 2)
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def _reference(rank_f: float, expert_f: float, bias: str):
+    """One process, the experts local, on the two ranks' micro-batches laid end to end."""
+    from kits.capkit import capped_block, capped_input
+    from steps.moe.expert_parallel import take_dropped_layers
+    from steps.moe.model import rope_tables
+
+    cfg = PRESETS["tiny"]
+    block = capped_block(cfg, 0.0, expert_f, bias, 2)
+    x = torch.cat([capped_input(0), capped_input(1)]).requires_grad_(True)
+    cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta, "cpu")
+    y, loss = block(x, cos, sin)
+    (y.square().sum() + loss).backward()
+    return y.detach(), x.grad, {n: p.grad for n, p in block.named_parameters()}, take_dropped_layers([block.moe])
+
+
+def _close(a, b):
+    """Equal up to float summation order: within 2e-6 of the reference's largest magnitude (the
+    ranks sum a gradient's token contributions in two parts, one process in one)."""
+    return bool((a - b).abs().max() <= 2e-6 * b.abs().max().clamp_min(1))
+
+
+def test_expert_parallel_per_expert_capacity_is_one_process_on_the_whole_batch(capped):
+    """Issue 31: the per-expert cut under expert parallelism keeps the first ceil(f P N / E) slots
+    of each expert in (rank, token) order, so, with no rank bound reached, 2 ranks compute what
+    one process computes on their micro-batches end to end: outputs, input gradients, each rank's
+    expert-weight gradients (its slice), the other gradients summed over ranks, and the drops."""
+    from kits.capkit import CAPPED_CASES
+
+    e = PRESETS["tiny"].n_experts // 2  # experts a rank holds
+    for name, rank_f, expert_f, bias in CAPPED_CASES[:2]:
+        y, dx, grads, drops = _reference(rank_f, expert_f, bias)
+        routed, dropped = drops[0].tolist()
+        assert routed == y.shape[0] * y.shape[1] * PRESETS["tiny"].top_k and 0 < dropped < routed  # the cut binds
+        got = [r[name, None] for r in capped]
+        assert sum(g["drops"] for g in got).tolist() == drops.tolist()
+        half = y.shape[0] // 2
+        for rank, g in enumerate(got):
+            assert _close(g["y"], y[rank * half:(rank + 1) * half]) and _close(g["dx"], dx[rank * half:(rank + 1) * half])
+        for n, ref in grads.items():
+            if n.endswith(("_EFD", "_EDF")):
+                assert all(_close(g["grads"][n], ref[rank * e:(rank + 1) * e]) for rank, g in enumerate(got)), n
+            else:
+                assert _close(got[0]["grads"][n] + got[1]["grads"][n], ref), n
+
+
+def test_expert_parallel_capacity_is_the_same_under_checkpointing(capped):
+    """Outputs, gradients and per-layer drop counts bitwise equal under none, selective and full
+    checkpointing for the per-expert cut and for both cuts with the rank one binding; the
+    recompute counts nothing twice; one host read (the split sizes) a block and pass: one with
+    the activations kept, two when the block is recomputed."""
+    from kits.capkit import CAPPED_CASES, capped_modes_of
+
+    for name, *_ in CAPPED_CASES:
+        for r in capped:
+            base = r[name, None]
+            assert base["reads"] == 1, (name, base["reads"])
+            for mode in capped_modes_of(name)[1:]:
+                again = r[name, mode]
+                assert torch.equal(again["y"], base["y"]) and torch.equal(again["dx"], base["dx"]), (name, mode)
+                assert all(torch.equal(again["grads"][n], g) for n, g in base["grads"].items()), (name, mode)
+                assert torch.equal(again["drops"], base["drops"]) and again["received"] == base["received"]
+                assert again["reads"] == 2, (name, mode, again["reads"])
+    # a rank bound the routing never reaches changes no bit of the per-expert cut
+    for r in capped:
+        assert torch.equal(r["both", None]["y"], r["expert", None]["y"])
+        assert torch.equal(r["both", None]["drops"], r["expert", None]["drops"])
+    # the rank bound binding: rank 0 takes at most ceil(1.0 N) rows, the senders drop the rest
+    from kits.capkit import CAPPED_SHAPE
+
+    N = CAPPED_SHAPE[0] * CAPPED_SHAPE[1] * PRESETS["tiny"].top_k  # slots a rank sends
+    assert capped[0]["rank", None]["received"] <= math.ceil(1.0 * N) < 2 * N
+    assert capped[1]["rank", None]["received"] == 0
+    routed, dropped = sum(r["rank", None]["drops"] for r in capped)[0].tolist()
+    assert routed == 2 * N and dropped == 2 * N - capped[0]["rank", None]["received"]
