@@ -13,6 +13,11 @@ never drawn). Three pretrain runs of the tiny preset on one CPU thread, the same
     control     the control mixture, the guard on (SpikeConfig's defaults unless given)
     guard off   the poisoned mixture, SpikeConfig(z=0)
     guard on    the poisoned mixture, the guard on
+    control, same steps dropped
+                the control mixture, the guard on, and the optimizer steps whose data or update the
+                guard-on run dropped (its `skipped_steps`) dropped here too (`trainer.drop_steps`:
+                no data read, no update, the schedule moves on): what the guard would cost with no
+                poison to remove, so that guard on - this control is the poison the guard let through
 
 Each final checkpoint is evaluated (steps/eval/evaluate.py) on the held-out windows of kjv and
 pydocs (windows the mixture never draws); the figure is their mean held-out loss in nats. Printed
@@ -86,11 +91,13 @@ def build(root: pathlib.Path, args) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def train_and_eval(root: pathlib.Path, name: str, mix: str, spikes: SpikeConfig, args) -> dict:
+def train_and_eval(root: pathlib.Path, name: str, mix: str, spikes: SpikeConfig, args,
+                   drop_steps: tuple[int, ...] = ()) -> dict:
     config = TrainConfig(data=DataConfig(mixture=mix, batch_size=args.batch), model=ModelSpec("tiny"),
                          optimizer=OptimizerConfig(lr=args.lr, warmup_steps=args.warmup, spikes=spikes),
                          trainer=TrainerConfig(seed=args.seed, log_every=10, checkpoint_every=args.checkpoint_every,
-                                               keep_last=2, tracker=TrackerConfig(kind="none")))
+                                               keep_last=2, tracker=TrackerConfig(kind="none"),
+                                               drop_steps=drop_steps))
     t = time.perf_counter()
     ctx = run_step(pretrain, config, root / f"pre-{name}", "pretrain/x")
     train_s = time.perf_counter() - t
@@ -132,17 +139,22 @@ def main(argv=None) -> dict:
     runs = [train_and_eval(root, "control", control, guard, args),
             train_and_eval(root, "guard_off", poisoned, SpikeConfig(z=0), args),
             train_and_eval(root, "guard_on", poisoned, guard, args)]
+    dropped = tuple(sorted({s for a, b, _ in runs[2]["skipped_steps"] for s in range(a, b + 1)}))
+    runs.append(train_and_eval(root, "control_dropped", control, guard, args, drop_steps=dropped))
     base = runs[0]["held_out"]
     print(f"poisoned source drawn alone from about step {args.poison_at} for {args.poison_steps} steps of "
           f"{args.steps}; held-out loss (nats, mean of {', '.join(HELD_OUT)}):")
     for r in runs:
-        print(f"  {r['run']:<10} {r['held_out']:.4f}  vs control {r['held_out'] - base:+.4f}  "
+        print(f"  {r['run']:<15} {r['held_out']:.4f}  vs control {r['held_out'] - base:+.4f}  "
               f"train {r['train_s']:.0f}s  events {[(e['step'], e['kind']) for e in r['events']]}"
               + (f"  dropped/skipped {r['skipped_steps']}" if r["skipped_steps"] else ""))
-    on, off = runs[2]["held_out"], runs[1]["held_out"]
+    on, off, same = runs[2]["held_out"], runs[1]["held_out"], runs[3]["held_out"]
     print(f"  guard on - guard off: {on - off:+.4f} nats; guard on - control: {on - base:+.4f} nats "
           f"(targets: <= 0 and <= +0.02)")
-    out = {"args": vars(args), "runs": runs, "on_minus_off": on - off, "on_minus_control": on - base}
+    print(f"  of that, the {len(dropped)} dropped steps {list(dropped)} alone (control, same steps dropped - control): "
+          f"{same - base:+.4f} nats; the poison let through (guard on - control, same steps dropped): {on - same:+.4f} nats")
+    out = {"args": vars(args), "runs": runs, "on_minus_off": on - off, "on_minus_control": on - base,
+           "dropped_steps": list(dropped), "dropped_minus_control": same - base, "on_minus_dropped": on - same}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
     return out

@@ -290,6 +290,9 @@ class TrainerConfig:
     watchdog: WatchdogConfig = run_only(default_factory=WatchdogConfig)  # the hang bound (steps/train/watchdog.py)
     hang_at_step: int = run_only(default=-1)  # tests: block forever in this optimizer step, on attempt 1 only
     poison_steps: tuple[int, int] = run_only(default=(0, 0))  # tests: random tokens in steps [a, b)
+    # tests and benchmarks: these optimizer steps read no data and make no update (the schedule
+    # moves on), as the guard's dropped steps (bench/train_poison.py's same-steps control)
+    drop_steps: tuple[int, ...] = run_only(default=())
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):

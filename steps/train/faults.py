@@ -1,6 +1,6 @@
 """Faults a test injects into a training attempt on purpose (run-only `trainer` knobs; all off by
-default): a poisoned stretch of data, a hung step, a kill after some steps. The loop calls the
-three hooks at fixed points and knows nothing else of them."""
+default): a poisoned stretch of data, a hung step, a kill after some steps, steps dropped as the
+guard drops them. The loop calls the hooks at fixed points and knows nothing else of them."""
 
 from __future__ import annotations
 
@@ -19,18 +19,25 @@ class Killed(RuntimeError):
 class Faults:
     """`poison_steps` [a, b): random tokens (seeded by the step) in those optimizer steps' batches;
     `hang_at_step`: block forever in that step, on attempt 1 only (a hung collective);
-    `fail_after_steps`: raise `Killed` once this attempt has trained that many steps (0: never)."""
+    `fail_after_steps`: raise `Killed` once this attempt has trained that many steps (0: never);
+    `drop_steps`: optimizer steps that read no data and make no update, the schedule moving on (what
+    the spike guard does to the steps a rewind drops)."""
 
     poison_steps: tuple[int, int] = (0, 0)
     hang_at_step: int = -1
     fail_after_steps: int = 0
     attempt: int = 1
     vocab_size: int = 0
+    drop_steps: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, trainer: Any, attempt: int, vocab_size: int) -> "Faults":
         """From a TrainerConfig's knobs."""
-        return cls(tuple(trainer.poison_steps), trainer.hang_at_step, trainer.fail_after_steps, attempt, vocab_size)
+        return cls(tuple(trainer.poison_steps), trainer.hang_at_step, trainer.fail_after_steps, attempt, vocab_size,
+                   frozenset(int(s) for s in trainer.drop_steps))
+
+    def dropped(self, step: int) -> bool:
+        return step in self.drop_steps
 
     def before_step(self, step: int) -> None:
         if self.hang_at_step == step and self.attempt == 1:

@@ -241,7 +241,7 @@ class Trainer:
         Raises NonFinite, before any update, when the loss or the gradient norm is not finite. A
         step whose data a rewind dropped reads nothing and only moves the schedule (DROP)."""
         self.faults.before_step(self.step)
-        if self.spikes.dropping(self.step):
+        if self.spikes.dropping(self.step) or self.faults.dropped(self.step):
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
             return StepResult(lr, torch.zeros(()), DROP, False)
