@@ -8,7 +8,7 @@ printable-ASCII documents (seeded), ingested and tokenized like the others. The 
 the clean mix, then the poison source alone for `--poison-steps` optimizer steps' worth of
 tokens, then the clean mix again (pretrain reads these three; a short last stage is midtrain's,
 not run). The control has the same stages with the clean mix in the poison's place (the poison
-never drawn). Three pretrain runs of the tiny preset on one CPU thread, the same seed:
+never drawn). Five pretrain runs of the tiny preset on one CPU thread, the same seed:
 
     control     the control mixture, the guard on (SpikeConfig's defaults unless given)
     guard off   the poisoned mixture, SpikeConfig(z=0)
@@ -17,7 +17,14 @@ never drawn). Three pretrain runs of the tiny preset on one CPU thread, the same
                 the control mixture, the guard on, and the optimizer steps whose data or update the
                 guard-on run dropped (its `skipped_steps`) dropped here too (`trainer.drop_steps`:
                 no data read, no update, the schedule moves on): what the guard would cost with no
-                poison to remove, so that guard on - this control is the poison the guard let through
+                poison to remove
+    poisoned, same steps dropped
+                the poisoned mixture, the guard on, the same steps dropped (every poisoned step is
+                among them when the guard caught the stretch): the guard-on run's data less the
+                dropped steps, with no rewind and no skip. The poisoned mixture's clean stages draw
+                other windows than the control's after the stretch (the control drew clean
+                sequences in it), so this - control, same steps dropped is that draw difference,
+                and guard on - this is what the guard's run did beyond dropping those steps
 
 Each final checkpoint is evaluated (steps/eval/evaluate.py) on the held-out windows of kjv and
 pydocs (windows the mixture never draws); the figure is their mean held-out loss in nats. Printed
@@ -141,20 +148,24 @@ def main(argv=None) -> dict:
             train_and_eval(root, "guard_on", poisoned, guard, args)]
     dropped = tuple(sorted({s for a, b, _ in runs[2]["skipped_steps"] for s in range(a, b + 1)}))
     runs.append(train_and_eval(root, "control_dropped", control, guard, args, drop_steps=dropped))
+    runs.append(train_and_eval(root, "poisoned_dropped", poisoned, guard, args, drop_steps=dropped))
     base = runs[0]["held_out"]
     print(f"poisoned source drawn alone from about step {args.poison_at} for {args.poison_steps} steps of "
           f"{args.steps}; held-out loss (nats, mean of {', '.join(HELD_OUT)}):")
     for r in runs:
-        print(f"  {r['run']:<15} {r['held_out']:.4f}  vs control {r['held_out'] - base:+.4f}  "
+        print(f"  {r['run']:<16} {r['held_out']:.4f}  vs control {r['held_out'] - base:+.4f}  "
               f"train {r['train_s']:.0f}s  events {[(e['step'], e['kind']) for e in r['events']]}"
               + (f"  dropped/skipped {r['skipped_steps']}" if r["skipped_steps"] else ""))
-    on, off, same = runs[2]["held_out"], runs[1]["held_out"], runs[3]["held_out"]
+    on, off, same, oracle = (runs[i]["held_out"] for i in (2, 1, 3, 4))
     print(f"  guard on - guard off: {on - off:+.4f} nats; guard on - control: {on - base:+.4f} nats "
           f"(targets: <= 0 and <= +0.02)")
-    print(f"  of that, the {len(dropped)} dropped steps {list(dropped)} alone (control, same steps dropped - control): "
-          f"{same - base:+.4f} nats; the poison let through (guard on - control, same steps dropped): {on - same:+.4f} nats")
+    print(f"  guard on - control = {on - base:+.4f}: the {len(dropped)} dropped steps {list(dropped)} on the control "
+          f"mixture (control, same steps dropped - control) {same - base:+.4f}; the poisoned mixture's other clean "
+          f"draws (poisoned, same steps dropped - control, same steps dropped) {oracle - same:+.4f}; the guard's run "
+          f"beyond dropping those steps (guard on - poisoned, same steps dropped) {on - oracle:+.4f}")
     out = {"args": vars(args), "runs": runs, "on_minus_off": on - off, "on_minus_control": on - base,
-           "dropped_steps": list(dropped), "dropped_minus_control": same - base, "on_minus_dropped": on - same}
+           "dropped_steps": list(dropped), "dropped_minus_control": same - base, "draws": oracle - same,
+           "on_minus_poisoned_dropped": on - oracle}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
     return out

@@ -79,6 +79,7 @@ class Decision:
     fresh: bool = False  # starts from an empty folder even if its type is resumable
     unselected: tuple[StepState, str] | None = None  # SKIPPED as not selected: what it would have been
     env_drift: str = ""  # the package versions it was made with differ from this process's: how
+    output_problem: str = ""  # CACHED: what its type's `check_output` found wrong with the output
 
     @property
     def has_output(self) -> bool:
@@ -220,6 +221,7 @@ def make_plan(dag: Dag, store: Store, selection: Selection | None = None,
     _note_code_drift(dag, decisions, store)
     if provenance:
         _note_env_drift(decisions, store)
+    _check_outputs(decisions, store)
     if explain_new:
         listings: dict[str, set[str]] = {}
         for d in decisions.values():
@@ -334,6 +336,24 @@ def _note_env_drift(decisions: dict[str, Decision], store: Store) -> None:
             explained[recorded] = ", ".join(what) if what else "other package versions"
         d.env_drift = explained[recorded]
         d.reason += f"; made with {explained[recorded]} (recorded, not keyed: --rerun it if that matters)"
+
+
+def _check_outputs(decisions: dict[str, Decision], store: Store) -> None:
+    """The step types' own cheap checks of their CACHED outputs (`StepType.check_output`; only
+    the types that declare one are looked at). A problem is reported, not acted on: the output
+    stays CACHED (a run that loads it verifies it fully, and `--rerun` makes it again)."""
+    for d in decisions.values():
+        check = d.node.step.type.check_output
+        if check is None or d.state != CACHED or d.status is None or d.status.served() is None:
+            continue
+        url = store.url(d.status.served().data_dir(d.node.dirname))
+        try:
+            problem = check(url)
+        except Exception as e:  # noqa: BLE001 - a check that cannot look is itself a finding
+            problem = f"the output check could not look: {type(e).__name__}: {e}"
+        if problem:
+            d.output_problem = problem
+            d.reason += f"; {problem}"
 
 
 def _settle(dag: Dag, decisions: dict[str, Decision], targets: set[str]) -> None:

@@ -146,6 +146,10 @@ class StepType:
     # symlink on a local disk, a pointer object on an object store; executor.storage.alias): a stable,
     # human-readable way in that the executor itself never reads back.
     alias: bool = False
+    # A torch-free check of a finished output, by its served URL: a line saying what is wrong, or
+    # None. The plan calls it for CACHED outputs of the types that declare it (one cheap look, no
+    # data read: training steps check their newest checkpoint's file sizes) and a dry-run warns.
+    check_output: Callable[[str], str | None] | None = None
 
     def is_log(self, relpath: str) -> bool:
         """Whether a file of the output (path relative to the folder) is one of its logs."""
@@ -168,7 +172,8 @@ _REGISTRY: dict[str, StepType] = {}  # by name: a name is one step type, whateve
 def step_type(version: str, name: str | None = None, *, resumable: bool = False,
               logs: tuple[str, ...] | list[str] = (),
               partitions: Callable[[Any], Mapping[str, Any]] | None = None,
-              alias: bool = False) -> Callable[[Callable], StepType]:
+              alias: bool = False,
+              check_output: Callable[[str], str | None] | None = None) -> Callable[[Callable], StepType]:
     """Register a function `(config, ctx) -> None` as a step type.
 
     `version` is required and enters every digest of this type: bump it when the function's
@@ -180,13 +185,18 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
     alone (dedup of several sources: `{source: documents[source]}`), so that a step reading one of
     them is reached only by those inputs' sources and licences (docs/provenance.md); without it
     every input reaches every folder. `alias`: each commit points `{prefix}/{step name}` at the
-    committed attempt (exports: `out/export/laptop/hf`; executor.storage.alias).
+    committed attempt (exports: `out/export/laptop/hf`; executor.storage.alias). `check_output(url)`:
+    a cheap, torch-free look at a finished output (its served URL) returning what is wrong with it
+    or None; the plan calls it for each CACHED output of this type, and `--dry-run` prints a
+    warning on the step (training: the newest checkpoint's file sizes against its meta.json).
 
     The name (default: the function's) is the step type's identity: a second definition of the
     same name in another file, with other code, is an error naming both (they would share digests).
     """
     if not isinstance(version, str) or not version:
         raise TypeError("step_type(version=...) needs an explicit, non-empty string version")
+    if check_output is not None and not callable(check_output):
+        raise TypeError(f"step_type(check_output=...) takes a function of the output URL, got {check_output!r}")
     if isinstance(logs, str) or not all(isinstance(p, str) and p and not p.startswith("/") for p in logs):
         raise TypeError(f"step_type(logs=...) takes relative glob patterns, e.g. ('wandb/**',), got {logs!r}")
 
@@ -195,7 +205,7 @@ def step_type(version: str, name: str | None = None, *, resumable: bool = False,
         type_name = name or fn.__name__
         st = StepType(name=type_name, version=version, fn=fn, resumable=resumable,
                       description=(fn.__doc__ or "").strip().split("\n")[0], logs=tuple(logs), partitions=partitions,
-                      alias=bool(alias))
+                      alias=bool(alias), check_output=check_output)
         _check_unique(st)
         _REGISTRY[type_name] = st
         return st

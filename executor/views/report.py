@@ -174,6 +174,8 @@ def _rich_plan(con: Console, plan: Plan, tables: list[tuple[str, int, list[Cells
     if unplaceable:
         con.print()
         con.print(Text(f"{len(unplaceable):,} step(s) cannot be placed on this cluster", style="bold red"))
+    for line in _output_warnings(plan):
+        con.print(Text(line, style="bold yellow"), overflow="fold")
 
 
 def _plain_plan(plan: Plan, tables: list[tuple[str, int, list[Cells]]], unplaceable: dict[str, str]) -> str | None:
@@ -192,11 +194,20 @@ def _plain_plan(plan: Plan, tables: list[tuple[str, int, list[Cells]]], unplacea
                          f"{path:<{widths[3]}}  {reason}".rstrip())
     if unplaceable:
         lines += ["", f"{len(unplaceable):,} step(s) cannot be placed on this cluster"]
+    lines += _output_warnings(plan)
     # Plain ASCII without control characters (a line break or a tab inside a cell included)
     # measures one column a character, as in rich.
     if not all(line.isascii() and line.isprintable() for line in lines):
         return None
     return "\n".join(lines) + "\n"
+
+
+def _output_warnings(plan: Plan) -> list[str]:
+    """One line a CACHED step whose type's output check found a problem (executor.plan)."""
+    bad = [d for d in plan.decisions if d.output_problem]
+    return (["", f"WARNING {len(bad):,} cached output(s) fail their step type's check (a run that loads "
+                 f"them refuses them; --rerun makes them again):"]
+            + [f"WARNING {d.name}: {d.output_problem}" for d in bad]) if bad else []
 
 
 def _plan_rows(plan: Plan, state: str, group: list[Decision], unplaceable: dict[str, str],

@@ -121,3 +121,33 @@ def size_problem(url: str, meta: dict[str, Any] | None = None) -> tuple[str, str
         if sizes[name] != rec["size"]:
             return name, f"size check: {sizes[name]} bytes, {rec['size']} when saved"
     return None
+
+
+def newest_problem(output: str) -> str | None:
+    """The dry-run's look at a training output (the step types' `check_output`): its newest
+    complete checkpoint (the one a resume, `init_from`, eval or export would load) against the
+    sizes its meta.json recorded; one line naming the checkpoint, the file and the check, or None.
+    One listing of `checkpoints/`, a read of one meta.json and a listing of one folder; no data read."""
+    local = "://" not in output or output.startswith("file://")
+    if local:
+        import os
+
+        root = root_of(output.removeprefix("file://"))
+        try:
+            names = os.listdir(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        exists = os.path.exists
+    else:
+        fs, root = fsspec.core.url_to_fs(root_of(output))
+        try:
+            names = [posixpath.basename(e.rstrip("/")) for e in fs.ls(root, detail=False, refresh=True)]
+        except FileNotFoundError:
+            return None
+        exists = fs.exists
+    steps = sorted((n for n in map(step_of, names) if n is not None), reverse=True)
+    for n in steps:
+        if exists(posixpath.join(root, f"step-{n}", META)):
+            problem = size_problem(folder(output, n))
+            return None if problem is None else f"newest checkpoint step-{n}: {problem[0]}: {problem[1]}"
+    return None

@@ -16,6 +16,7 @@ import time
 
 from executor import StepContext, VoyageError, step_type
 from steps.data.mixture import consumption
+from steps.train.checkpoint_policy import newest_problem
 from steps.train.config import TrainConfig
 from steps.train.data import check_vocab, phases, read_mixture
 from steps.train.spikes import SpikeEvent, skipped_ranges
@@ -27,7 +28,7 @@ from steps.train.tracking import METRICS_FILE, run_links, write_reference
 LOGS = ("wandb/**", "wandb_run.json", "metrics.jsonl", "checkpoints/*/run.json", "logs/**", "reference_curve.json")
 
 
-@step_type(version="1", resumable=True, logs=LOGS)
+@step_type(version="1", resumable=True, logs=LOGS, check_output=newest_problem)
 def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     """Train the MoE from scratch on every mixture stage but the last (all, if only one)."""
     if config.init_from is not None:
@@ -36,7 +37,7 @@ def pretrain(config: TrainConfig, ctx: StepContext) -> None:
     _train(config, ctx, "pretrain")
 
 
-@step_type(version="1", resumable=True, logs=LOGS)
+@step_type(version="1", resumable=True, logs=LOGS, check_output=newest_problem)
 def midtrain(config: TrainConfig, ctx: StepContext) -> None:
     """Continue a pretrain step's run (`init_from`) on the mixture's last stage, through the
     decay phase of the schedule."""

@@ -90,6 +90,8 @@ def draw(plan: Plan, title: str = "", records: bool = True) -> Drawing:
             step["code_drift"] = True
         if d.env_drift:
             step["env_drift"] = d.env_drift
+        if d.output_problem:
+            step["output_problem"] = d.output_problem
         if lineage is not None:  # licences reaching the step (docs/provenance.md), from the DAG
             step["licenses"] = lineage.licenses_of(d.name)
             if d.name in lineage.declared:
