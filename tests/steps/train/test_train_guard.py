@@ -188,6 +188,14 @@ def test_a_spike_that_goes_on_is_rewound_its_data_dropped_and_the_good_steps_tra
     (s1, w1), (s2, w2) = _state(run.output), _state(again.output)
     assert s1 == s2 == 21 and all(torch.equal(w1[k], w2[k]) for k in w1)
 
+    # the rewind, its retraining of step 10 and the skips leave exactly what dropping 11..17 would
+    # (`trainer.drop_steps`, bench/train_poison.py's same-steps controls): the same bits
+    dropped = dataclasses.replace(poisoned, trainer=dataclasses.replace(poisoned.trainer, drop_steps=tuple(range(11, 18))))
+    plain = run_step(pretrain, dropped, tmp_path / "dropped", name="pre")
+    assert "spike_events" not in plain.results  # nothing poisoned was read, no decision taken
+    s3, w3 = _state(plain.output)
+    assert s3 == 21 and all(torch.equal(w1[k], w3[k]) for k in w1)
+
 
 def _corrupt(url):
     """Four weights' worth of bytes (16) in the middle of a checkpoint's data file set to 1e30,
