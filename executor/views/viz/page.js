@@ -384,6 +384,7 @@
     row(dl, "held by", s.holder);
     if (s.code_drift) row(dl, "code", "drifted since the output was made");
     if (s.env_drift) row(dl, "made with", s.env_drift);
+    if (s.output_problem) row(dl, "output check", s.output_problem);
     if (s.source) row(dl, "source licence", s.source.id + (s.source.url ? " <" + s.source.url + ">" : ""));
     if (s.licenses) row(dl, "licences", s.licenses.length ? s.licenses.join(", ") : "none declared upstream");
     if (s.policy) row(dl, "policy", s.policy);

@@ -63,6 +63,9 @@ def test_a_truncated_shard_of_the_newest_checkpoint_is_named_by_the_dry_run(trai
     warning = [line for line in text.splitlines() if line.startswith("WARNING pretrain/small:")]
     assert warning == [f"WARNING pretrain/small: newest checkpoint step-{newest.step}: {shard}: size check: "
                        f"{size // 2} bytes, {size} when saved"], text
+    from executor.views.viz.graph import draw
+
+    assert draw(plan_steps([step], prefix), records=False).to_json()["steps"][0]["output_problem"] == d.output_problem
     os.remove(f"{newest.url}/{shard}")
     d, _ = _dry_run(step, prefix)
     assert d.output_problem == f"newest checkpoint step-{newest.step}: {shard}: missing"
