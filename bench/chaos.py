@@ -411,6 +411,8 @@ class Chaos:
                         self.cluster.remove(node)
                         add_back.append(time.time() + rng.uniform(2.0, 6.0))
                         zombies[pid] = time.time() + rng.uniform(1.0, 3.0) * args.ttl
+                        print(f"  {time.strftime('%H:%M:%S')} zombie: worker pid {pid} paused, node {node[:12]} "
+                              "removed", flush=True)  # to match against lines Ray forwards as (pid=N)
                         ev["Ray-retry zombies (a step worker paused, its node removed, resumed 1-3 ttl later)"] += 1
                 elif kind == "stall" and self.proxy.stall is None:
                     # Issue 28, major 2: the next attempt's first write (.status RUNNING, after its
