@@ -211,10 +211,11 @@ EXPLAINED = [
     (r"(_request out of retries on exception: , 501|HttpError: , 501|moveTo API: , 501)",
      "gcsfs: the emulator has no moveTo API (501); gcsfs logs that, with its traceback, and renames "
      "the checkpoint by copy and delete instead"),
-    (r"marin\.ray: reading the heartbeats failed: Get timed out",
-     "watchdog: the executor's heartbeat board (a Ray actor beside the driver) did not answer within "
-     "10 s (its worker starting, or the head node busy under the chaos); nothing is judged on a missed "
-     "read (executor/ray_backend.py), so no step is called hung for it"),
+    (r"marin\.ray: reading the heartbeats failed: (Get timed out|The actor \w+ is unavailable: .*restarting)",
+     "watchdog: the executor's heartbeat board (a Ray actor beside the driver, restarted by Ray when "
+     "lost) did not answer within 10 s or was restarting (its worker starting, the node busy under the "
+     "chaos, or its node removed); nothing is judged on a missed read (executor/ray_backend.py), so no "
+     "step is called hung for it"),
     (r"took over the lease", None),
     (r"WAITING, leased by", None),
     (r"done meanwhile by another executor", None),
