@@ -138,6 +138,9 @@ def import_folder(hf: str, out: str) -> dict[str, Any]:
     meta = {"step": 0, "tokens": 0, "phase": "import", "weights_only": True, "source": hf,
             "model": dataclasses.asdict(cfg), "mixture": None, "batch_size": 0, "seq_len": context + 1,
             "world_size": 1, "metrics": {}, "time": time.time()}
+    from steps.train.checkpoint import FILES, folder_digests
+
+    meta[FILES] = folder_digests(out)  # verified on load, as the trainer's own checkpoints
     with fsspec.open(f"{out.rstrip('/')}/meta.json", "w") as f:  # last: the folder is a checkpoint from now on
         json.dump(meta, f, indent=1, sort_keys=True)
     return {"tensors": sum(len(v) for v in sources.values()), "parameters": sum(_numel(s) for s in want.values())}

@@ -202,6 +202,14 @@ def file_digest(url: str) -> dict[str, Any]:
     return {"size": size, "sha256": h.hexdigest()}
 
 
+def folder_digests(url: str) -> dict[str, dict[str, Any]]:
+    """{file name: {"size", "sha256"}} of every file DCP wrote into a checkpoint folder (its data
+    files and `.metadata`): meta.json's `files`, for a checkpoint written in one process."""
+    fs, path = fsspec.core.url_to_fs(url)
+    names = sorted(posixpath.basename(n) for n in fs.ls(path, detail=False, refresh=True))
+    return {n: file_digest(f"{url.rstrip('/')}/{n}") for n in names if n.endswith(".distcp") or n == ".metadata"}
+
+
 def rank_files(url: str, rank: int) -> list[str]:
     """The data files rank `rank` wrote into a checkpoint folder (DCP names them `__R_i.distcp`)."""
     fs, path = fsspec.core.url_to_fs(url)

@@ -1,6 +1,8 @@
 """Reading a checkpoint one tensor at a time and writing one lazily: the single-chunk fast path
 reads what dcp.load reads, and the lazy writer's checkpoint is what the trainer loads."""
 
+import json
+
 import torch
 
 from steps.export.dcp_io import CheckpointTensors, write_checkpoint
@@ -31,6 +33,9 @@ def test_lazy_writer_makes_a_checkpoint_the_trainer_loads(tmp_path):
 
     write_checkpoint(str(tmp_path / "ck"), {k: (tuple(v.shape), v.dtype) for k, v in want.items()}, produce)
     assert sorted(made) == sorted(want)  # each tensor made exactly once
+    # the marker that makes a folder a checkpoint, as import_hf writes it: loads verify its files
+    meta = {"step": 0, "weights_only": True, checkpoint.FILES: checkpoint.folder_digests(str(tmp_path / "ck"))}
+    (tmp_path / "ck" / checkpoint.META).write_text(json.dumps(meta))
     fresh = MoETransformer(PRESETS["tiny"])
     checkpoint.load(str(tmp_path / "ck"), fresh, None)
     assert all(torch.equal(fresh.state_dict()[k], want[k]) for k in want)
