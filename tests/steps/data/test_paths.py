@@ -3,13 +3,15 @@
 import pytest
 
 from executor import StepContext
+
+from executor.testing import build_context
 from steps.data.paths import prefix_of, ref, resolve
 
 DIGEST = "0123456789" + "a" * 54
 
 
 def _ctx(output: str, name: str = "tokenized/kjv") -> StepContext:
-    return StepContext(name=name, output=output, digest=DIGEST)
+    return build_context(output, name=name, digest=DIGEST)
 
 
 @pytest.mark.parametrize("prefix", ["/tmp/p", "gs://bucket/voyages", "memory://m/x"])

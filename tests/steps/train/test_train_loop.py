@@ -192,7 +192,8 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     complete, B takes the lease over. A stops there (LeaseLost; step 14 never counts), B resumes
     the folder from step 7 and finishes with A's uninterrupted result, and A, waking again, stops
     before it deletes or writes a byte of B's output."""
-    from executor import LeaseLost, StepContext
+    from executor import LeaseLost
+    from executor.testing import build_context
     from executor.context import LeaseRef
     from executor.storage.lease import Leases, Owner
 
@@ -204,8 +205,7 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     lease_a, _ = leases_a.try_acquire(dirname)
 
     def ctx(token):
-        return StepContext(name="pre", output=str(out), digest=("pre" * 64)[:64], resumable=True,
-                           lease=LeaseRef(str(tmp_path), dirname, token, 60.0))
+        return build_context(str(out), name="pre", digest=("pre" * 64)[:64], resumable=True, lease=LeaseRef(str(tmp_path), dirname, token, 60.0))
 
     a = ctx(lease_a.token)
     fenced, taken = a.fenced, []
