@@ -13,7 +13,12 @@ short `--lease-ttl`. Every few seconds (seeded) one of: SIGKILL of an executor's
 executor takes its place, so that as many run at once), SIGSTOP of one for 0.5 to 3 ttl then SIGCONT
 (half the time with the Ray workers running the steps it holds: a writer paused mid-step), or
 removal of a worker node (`Cluster.remove_node`, under whatever runs on it), one added back a few
-seconds later. The chaos stops when an executor exits 0 (the voyage is done) or after `--events`
+seconds later, or (issue 28) a Ray-retry zombie: a step's worker paused, then its node removed so
+that Ray retries the task elsewhere under the same lease token, the paused worker resumed 1-3 ttl
+later (counted when it is still alive then); or a stalled first write: the proxy holds the next
+attempt's `.status` RUNNING upload (sent after its fence check) for 1.5-3 ttl while its executor
+is paused past the ttl, then refuses it with 412 if the object changed meanwhile (the emulator
+ignores `ifGenerationMatch`; GCS would refuse it the same way). The chaos stops when an executor exits 0 (the voyage is done) or after `--events`
 events; paused ones are resumed and every executor left runs to its end; then a final clean
 executor runs the voyage on the prefix (it must find everything done, or finish it).
 
@@ -51,7 +56,7 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
-sys.path.insert(0, os.path.join(ROOT, "tests", "executor"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # kits/
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, ROOT)
 
@@ -82,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="chaos events per round at most; then the executors left finish the voyage undisturbed "
                         "(at a ttl of seconds, pauses past the ttl every few seconds can keep a long step from "
                         "ever committing)")
-    p.add_argument("--weights", default="3,3,2", help="relative odds of a kill, a pause, a node loss")
+    p.add_argument("--weights", default="3,3,2,1,1",
+                   help="relative odds of a kill, a pause, a node loss, a Ray-retry zombie, a stalled first write")
     p.add_argument("--fault-rate", type=float, default=0.01, help="share of GCS requests the proxy fails")
     p.add_argument("--max-executors", type=int, default=40, help="executors started per round at most")
     p.add_argument("--round-seconds", type=float, default=900, help="chaos stops after this, done or not")
@@ -166,7 +172,8 @@ EXPLAINED = [
      "connection was already gone (ConnectionResetError)"),
     (r"lease lost to another executor; SUCCESS not written; waiting for the new holder",
      "runner: the attempt of a paused executor (its lease taken over meanwhile) failed its fence at "
-     "the commit: nothing written; it waits for the new holder's result"),
+     "the commit, or its stalled first write was refused (412): nothing written; it waits for the new "
+     "holder's result"),
     (r"LeaseLost: step \S+, attempt \d+ \(token \d+\): the lease (was taken over|was not renewed)",
      "a superseded attempt of a resumable step (training) stopped before writing into the folder it "
      "shares with its successor (ctx.fenced)"),
@@ -204,6 +211,11 @@ EXPLAINED = [
     (r"(_request out of retries on exception: , 501|HttpError: , 501|moveTo API: , 501)",
      "gcsfs: the emulator has no moveTo API (501); gcsfs logs that, with its traceback, and renames "
      "the checkpoint by copy and delete instead"),
+    (r"marin\.ray: reading the heartbeats failed: (Get timed out|The actor \w+ is unavailable: .*restarting)",
+     "watchdog: the executor's heartbeat board (a Ray actor beside the driver, restarted by Ray when "
+     "lost) did not answer within 10 s or was restarting (its worker starting, the node busy under the "
+     "chaos, or its node removed); nothing is judged on a missed read (executor/ray_backend.py), so no "
+     "step is called hung for it"),
     (r"took over the lease", None),
     (r"WAITING, leased by", None),
     (r"done meanwhile by another executor", None),
@@ -315,6 +327,8 @@ class Chaos:
         killed: set[str] = set()
         paused: dict[faultkit.Executor, float] = {}
         paused_workers: dict[int, float] = {}  # a paused executor's step workers, paused with it
+        zombies: dict[int, float] = {}  # paused step workers whose node was removed: when they resume
+        stalls_seen = len(self.proxy.stalled)
         add_back: list[float] = []
         ev: collections.Counter = collections.Counter()
         next_event = t0 + rng.uniform(0.5, 2 * args.every)
@@ -329,6 +343,21 @@ class Chaos:
                 if now >= at:
                     _signal_pid(pid, signal.SIGCONT)
                     del paused_workers[pid]
+            for pid, at in list(zombies.items()):
+                if now >= at:
+                    if _alive(pid):
+                        ev["Ray-retry zombies alive when resumed"] += 1
+                    _signal_pid(pid, signal.SIGCONT)
+                    del zombies[pid]
+            while len(self.proxy.stalled) > stalls_seen:  # a first write is being held: pause its executor
+                name = self.proxy.stalled[stalls_seen]
+                stalls_seen += 1
+                holder = self.lease_holder(name)
+                for ex in live:
+                    if ex.pid == holder and ex not in paused:
+                        _signal(ex, signal.SIGSTOP)
+                        paused[ex] = now + 1.5 * args.ttl
+                        ev["stalled first writes whose executor was paused past the ttl"] += 1
             if add_back and now >= add_back[0]:
                 add_back.pop(0)
                 if not self.add_node():
@@ -347,7 +376,8 @@ class Chaos:
             if done_by is not None:
                 break
             if now >= next_event and live and sum(ev[k] for k in EVENTS) < args.events:
-                kind = rng.choices(("kill", "pause", "node"), weights=self.weights)[0]
+                kind = rng.choices(("kill", "pause", "node", "zombie", "stall")[:len(self.weights)],
+                                   weights=self.weights)[0]
                 ex = rng.choice(live)
                 if kind == "kill" and len(everyone) < args.max_executors:
                     paused.pop(ex, None)
@@ -371,6 +401,25 @@ class Chaos:
                             _signal_pid(pid, signal.SIGSTOP)
                             paused_workers[pid] = paused[ex]
                             ev["step workers paused with their executor"] += 1
+                elif kind == "zombie" and len(self.cluster.gb200) == self.workers:
+                    # Issue 28, critical 5: a step's worker paused, its node removed under it: Ray
+                    # retries the task elsewhere with the same spec (the same lease token) while the
+                    # first try is stopped, not dead; it is resumed 1-3 ttl later.
+                    found = self.step_workers()
+                    if found:
+                        pid, node = rng.choice(found)
+                        _signal_pid(pid, signal.SIGSTOP)
+                        self.cluster.remove(node)
+                        add_back.append(time.time() + rng.uniform(2.0, 6.0))
+                        zombies[pid] = time.time() + rng.uniform(1.0, 3.0) * args.ttl
+                        print(f"  {time.strftime('%H:%M:%S')} zombie: worker pid {pid} paused, node {node[:12]} "
+                              "removed", flush=True)  # to match against lines Ray forwards as (pid=N)
+                        ev["Ray-retry zombies (a step worker paused, its node removed, resumed 1-3 ttl later)"] += 1
+                elif kind == "stall" and self.proxy.stall is None:
+                    # Issue 28, major 2: the next attempt's first write (.status RUNNING, after its
+                    # fence check) held 1.5-3 ttl by the proxy, its executor paused as long (below)
+                    self.proxy.stall_first_write(rng.uniform(1.5, 3.0) * args.ttl)
+                    ev["first writes stalled past the ttl (armed)"] += 1
                 elif kind == "node" and len(self.cluster.gb200) == self.workers:
                     self.cluster.remove(rng.choice(self.cluster.gb200))
                     add_back.append(time.time() + rng.uniform(2.0, 6.0))
@@ -381,8 +430,10 @@ class Chaos:
         # the chaos is over: resume, let everyone finish, give the nodes back
         for ex in paused:
             _signal(ex, signal.SIGCONT)
-        for pid in paused_workers:
+        ev["Ray-retry zombies alive when resumed"] += sum(_alive(pid) for pid in zombies)
+        for pid in [*paused_workers, *zombies]:
             _signal_pid(pid, signal.SIGCONT)
+        self.proxy.stall = None
         for _ in add_back:
             any(self.add_node() for _ in range(3))
         for ex in live:
@@ -455,6 +506,9 @@ class Chaos:
             "executors started": len(everyone),
             "exits": dict(exits),
             "GCS requests / faults injected": f"{requests} / {faults}",
+            **{f"proxy: {k}": self.proxy.stats[k] - before.get(k, 0)
+               for k in ("first writes stalled", "first writes refused after the stall (412)",
+                         "first writes landed after the stall")},
             "steps / attempts in their records / attempt folders": f"{len(got.attempts)} / "
                 f"{sum(len(v) for v in got.attempts.values())} / {attempts}",
             "leases taken twice with one token (the emulator ignores ifGenerationMatch)":
@@ -482,6 +536,34 @@ class Chaos:
                 raise
             return False
 
+    def step_workers(self) -> list[tuple[int, str]]:
+        """(pid, node id) of the cluster's Ray workers now running a step on a worker node."""
+        found = []
+        for pid in faultkit.tagged_pids(self.cluster.tag):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().split(b"\0")[0].decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+                with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                    parent = f.read().decode(errors="replace")
+            except (OSError, ValueError):
+                continue
+            node = re.search(r"--node_id=([0-9a-f]+)", parent)
+            if title.startswith("ray::step:") and node and node.group(1) in self.cluster.gb200:
+                found.append((pid, node.group(1)))
+        return found
+
+    def lease_holder(self, status_name: str) -> int | None:
+        """The pid the `.lease` beside a `.status` object (bucket-relative name) names."""
+        import json
+
+        store = faultkit.Store("gs://marin-test")
+        try:
+            return json.loads(store.fs.cat_file(f"marin-test/{status_name.rpartition('/')[0]}/.lease")).get("pid")
+        except (OSError, ValueError):
+            return None
+
     def workers_of(self, prefix: str, holder: int) -> list[int]:
         """The cluster's Ray workers now running a step whose lease process `holder` holds."""
         import json
@@ -508,7 +590,17 @@ class Chaos:
 
 
 EVENTS = ("SIGKILLs of an executor (its process group)", "SIGSTOPs of an executor (0.5-3 ttl, then SIGCONT)",
-          "worker nodes removed (one added back 2-6 s later)")
+          "worker nodes removed (one added back 2-6 s later)",
+          "Ray-retry zombies (a step worker paused, its node removed, resumed 1-3 ttl later)",
+          "first writes stalled past the ttl (armed)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _signal_pid(pid: int, sig: int) -> None:

@@ -17,6 +17,7 @@ import collections
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import quote
 
 from executor.storage.store import SUCCESS, Store, output_digest
 
@@ -344,6 +346,12 @@ class FaultyProxy:
         self.rate, self.kinds, self.rule = rate, kinds, rule
         self.rng = random.Random(seed)
         self.stats: collections.Counter = collections.Counter()
+        # `stall_first_write(seconds)` arms it: the next conditional upload of a `.status` saying
+        # RUNNING (an attempt's first write, after its fence check) is held that long, then checked
+        # against the object's generation *now* (the emulator ignores ifGenerationMatch; the proxy
+        # answers 412 itself when the object changed meanwhile, as GCS would); `stalled` names it.
+        self.stall: float | None = None
+        self.stalled: list[str] = []
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="faulty-proxy", daemon=True)
@@ -385,6 +393,37 @@ class FaultyProxy:
         self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
+    def stall_first_write(self, seconds: float) -> None:
+        self.stall = seconds
+
+    def _first_write(self, method: str, target: str, body: bytes) -> tuple[str, str, int] | None:
+        """(bucket, object name, generation expected) of an attempt's first write, else None."""
+        if method != "POST" or "/upload/storage/v1/b/" not in target or "ifGenerationMatch=" not in target:
+            return None
+        m = re.search(rb'\{"name": "([^"]+/\.status)"\}', body)
+        if not m or b'"state": "RUNNING"' not in body:
+            return None
+        bucket = target.split("/upload/storage/v1/b/", 1)[1].split("/", 1)[0]
+        generation = int(re.search(r"ifGenerationMatch=(\d+)", target).group(1))
+        return bucket, m.group(1).decode(), generation
+
+    async def _stalled(self, writer, method: str, target: str, headers, body: bytes,
+                       first: tuple[str, str, int], seconds: float) -> None:
+        bucket, name, expected = first
+        self.stalled.append(name)
+        self.stats["first writes stalled"] += 1
+        await asyncio.sleep(seconds)
+        status, _, meta = await self._forward("GET", f"/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
+                                              [("Host", "%s:%d" % self.upstream)], b"")
+        now = int(json.loads(meta)["generation"]) if status == 200 else 0
+        if now != expected:
+            self.stats["first writes refused after the stall (412)"] += 1
+            await _respond(writer, 412, [("Content-Type", "application/json")],
+                           json.dumps({"error": {"code": 412, "message": "conditionNotMet"}}).encode())
+            return
+        self.stats["first writes landed after the stall"] += 1
+        await _respond(writer, *await self._forward(method, target, headers, body), method)
+
     def _choose(self, method: str, target: str) -> str | None:
         n = self.stats["requests"]
         if self.rule is not None:
@@ -408,6 +447,13 @@ class FaultyProxy:
                 lower = {k.strip().lower(): v.strip() for k, v in headers}
                 body = await _read_body(reader, lower)
                 self.stats["requests"] += 1
+                first = self._first_write(method, target, body) if self.stall else None
+                if first is not None:
+                    seconds, self.stall = self.stall, None
+                    await self._stalled(writer, method, target, headers, body, first, seconds)
+                    if lower.get("connection", "").lower() == "close":
+                        return
+                    continue
                 fault = self._choose(method, target)
                 if fault:
                     self.stats[fault] += 1

@@ -56,6 +56,41 @@ def test_lease_generation_is_read_past_the_listing_cache(gcs_emulator):
     assert data == b"two" and generation == int(other.info(f"{folder}/.lease")["generation"])
 
 
+def test_the_chaos_proxys_stalled_first_write_is_refused_only_if_the_status_changed(gcs_emulator):
+    """bench/chaos.py's stalled first write: the proxy holds an attempt's RUNNING `.status` upload,
+    then checks ifGenerationMatch itself (the emulator ignores it): 412 if another executor wrote
+    meanwhile, the write forwarded otherwise. Other writes are never held."""
+    import threading
+
+    status = lambda state: ('{\n "state": "%s"\n}' % state).encode()  # noqa: E731 - as Store writes it
+    path = f"marin-test/stall-{uuid.uuid4().hex}/.status"
+    with faultkit.FaultyProxy(gcs_emulator) as proxy:
+        fs = gcsfs_through(proxy.url)
+        other = gcsfs_through(gcs_emulator)
+        fs.pipe_file(path, status("FAILED"))
+        generation = gcs.read_with_generation(fs, path)[0]
+        proxy.stall_first_write(1.0)
+        assert gcs.write_if_generation(fs, path, status("SUCCESS"), generation)  # not a first write: not held
+        assert proxy.stall == 1.0 and proxy.stats["first writes stalled"] == 0
+        generation = gcs.read_with_generation(fs, path)[0]
+        got = []
+        held = threading.Thread(target=lambda: got.append(gcs.write_if_generation(fs, path, status("RUNNING"),
+                                                                                 generation)))
+        held.start()
+        while not proxy.stalled:
+            assert held.is_alive()
+            threading.Event().wait(0.01)
+        other.pipe_file(path, status("SUCCESS") + b" ")  # another executor commits during the hold
+        held.join(30)
+        assert got == [False] and proxy.stats["first writes refused after the stall (412)"] == 1
+        assert other.cat_file(path) == status("SUCCESS") + b" "
+        # held again, nobody writes meanwhile: it lands
+        proxy.stall_first_write(0.2)
+        generation = gcs.read_with_generation(fs, path)[0]
+        assert gcs.write_if_generation(fs, path, status("RUNNING"), generation)
+        assert proxy.stats["first writes landed after the stall"] == 1 and other.cat_file(path) == status("RUNNING")
+
+
 @pytest.fixture(scope="module")
 def hello_reference(tmp_path_factory, ray_local):
     """hello.py run once, uninterrupted, on a local prefix: the output digests to match."""
