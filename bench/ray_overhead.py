@@ -5,7 +5,7 @@
 
 1. 500 trivial independent steps (each writes one small file) through plan + Runner + Ray on an
    embedded local Ray, against the same 500 functions called in a loop: overhead per step.
-   Target (issue 2): under 20 ms a step.
+   Target: under 20 ms a step.
 2. Two CPU-bound steps of 3 s each side by side, against one alone. Target: under 1.2x.
 """
 

@@ -1,4 +1,4 @@
-"""The trainer's operations figures (issue 21), on the laptop recipe on CPU:
+"""The trainer's operations figures, on the laptop recipe on CPU:
 
     .venv/bin/python -m bench.train_ops stall      # checkpoint stall: sync vs async, plain and slow store
     .venv/bin/python -m bench.train_ops recover    # detection -> training again: watchdog and rewind

@@ -1,5 +1,5 @@
 """The trainer's data wait per step, before and after read-ahead, on a store with injected
-latency (issue 19 item 6).
+latency.
 
     .venv/bin/python -m bench.train_readahead --steps 30 --compute 0.1
 
