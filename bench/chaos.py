@@ -1,4 +1,4 @@
-"""Chaos on one prefix (issue 20): several executors, killed, paused and left without nodes, at once.
+"""Chaos on one prefix: several executors, killed, paused and left without nodes, at once.
 
     .venv/bin/python bench/chaos.py                      # a laptop round (40 steps) and a hello round: 10-15 min here
     .venv/bin/python bench/chaos.py --voyage laptop --laptop-steps 0 --rounds 3   # the issue's target (400 steps)
@@ -13,7 +13,7 @@ short `--lease-ttl`. Every few seconds (seeded) one of: SIGKILL of an executor's
 executor takes its place, so that as many run at once), SIGSTOP of one for 0.5 to 3 ttl then SIGCONT
 (half the time with the Ray workers running the steps it holds: a writer paused mid-step), or
 removal of a worker node (`Cluster.remove_node`, under whatever runs on it), one added back a few
-seconds later, or (issue 28) a Ray-retry zombie: a step's worker paused, then its node removed so
+seconds later, or a Ray-retry zombie: a step's worker paused, then its node removed so
 that Ray retries the task elsewhere under the same lease token, the paused worker resumed 1-3 ttl
 later (counted when it is still alive then); or a stalled first write: the proxy holds the next
 attempt's `.status` RUNNING upload (sent after its fence check) for 1.5-3 ttl while its executor
@@ -395,14 +395,14 @@ class Chaos:
                         ev["pauses longer than the ttl"] += 1
                     # Half the time its steps' Ray workers too (on the cluster, not in its process
                     # group): a writer paused mid-step that wakes after another executor took over
-                    # and committed, issue 20's first case.
+                    # and committed, the first case the chaos round found.
                     if rng.random() < 0.5:
                         for pid in self.workers_of(prefix, ex.pid):
                             _signal_pid(pid, signal.SIGSTOP)
                             paused_workers[pid] = paused[ex]
                             ev["step workers paused with their executor"] += 1
                 elif kind == "zombie" and len(self.cluster.gb200) == self.workers:
-                    # Issue 28, critical 5: a step's worker paused, its node removed under it: Ray
+                    # The Ray-retry zombie: a step's worker paused, its node removed under it: Ray
                     # retries the task elsewhere with the same spec (the same lease token) while the
                     # first try is stopped, not dead; it is resumed 1-3 ttl later.
                     found = self.step_workers()
@@ -416,7 +416,7 @@ class Chaos:
                               "removed", flush=True)  # to match against lines Ray forwards as (pid=N)
                         ev["Ray-retry zombies (a step worker paused, its node removed, resumed 1-3 ttl later)"] += 1
                 elif kind == "stall" and self.proxy.stall is None:
-                    # Issue 28, major 2: the next attempt's first write (.status RUNNING, after its
+                    # The stalled first write: the next attempt's first write (.status RUNNING, after its
                     # fence check) held 1.5-3 ttl by the proxy, its executor paused as long (below)
                     self.proxy.stall_first_write(rng.uniform(1.5, 3.0) * args.ttl)
                     ev["first writes stalled past the ttl (armed)"] += 1

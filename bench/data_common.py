@@ -15,6 +15,8 @@ from bench import kit  # noqa: E402
 ROOT = kit.ROOT
 
 from executor import StepContext  # noqa: E402
+
+from executor.testing import build_context
 from steps.data.formats import iter_documents, write_documents  # noqa: E402
 
 CORPUS = ROOT / "data/corpus"
@@ -62,4 +64,4 @@ def tokenizer(vocab_size: int = 32768) -> pathlib.Path:
 
 
 def ctx(output: pathlib.Path, name: str = "bench") -> StepContext:
-    return StepContext(name=name, output=str(output), digest="0" * 64)
+    return build_context(str(output), name=name, digest="0" * 64)

@@ -48,7 +48,7 @@ def write_corpus(out, copies: int, others: int, per_shard: int = 100_000) -> int
 
 
 def run(src, out, **config) -> tuple[dict, dict, float]:
-    from executor import StepContext
+    from executor.testing import build_context
     from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.memory import Measure
 
@@ -66,7 +66,7 @@ def run(src, out, **config) -> tuple[dict, dict, float]:
         return results
 
     shutil.rmtree(out, ignore_errors=True)
-    ctx = StepContext(name="dedup/bench", output=str(out), digest="0" * 64, mapper=mapper)
+    ctx = build_context(str(out), name="dedup/bench", digest="0" * 64, mapper=mapper)
     t = time.process_time()
     dedup(DedupConfig(documents=str(src), **config), ctx)
     return peaks, declared, time.process_time() - t, ctx.results

@@ -1,4 +1,4 @@
-"""Fault injection at scale (issue 3): many more trials than the tests, and the figures.
+"""Fault injection at scale: many more trials than the tests, and the figures.
 
     .venv/bin/python -m bench.faults               # 50 SIGKILLs and the rest: about 10 minutes on 2 cores
     .venv/bin/python -m bench.faults --trials 1    # the quick form: under 2 minutes

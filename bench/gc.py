@@ -1,4 +1,4 @@
-"""`--gc` on a prefix of 10k steps: time to list, bytes found, and the sweep (issue 21 item 6).
+"""`--gc` on a prefix of 10k steps: time to list, bytes found, and the sweep.
 
     .venv/bin/python -m bench.gc                       # 10k steps on a local disk
     .venv/bin/python -m bench.gc --steps 1000 --gcs    # ... and on the GCS emulator (started here)

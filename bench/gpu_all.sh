@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU try that counts (issue 31): every GPU check of the project in one command, well inside
+# One GPU try that counts: every GPU check of the project in one command, well inside
 # the device's 10-minute limit, the most valuable part first, each part's result on $OUT as it
 # ends, so a run killed half-way still brings back what it finished.
 #

@@ -1,4 +1,4 @@
-"""The block check (issue 31 item 2): one 535B decoder block on one GPU against what the plan
+"""The block check: one 535B decoder block on one GPU against what the plan
 predicts for the very same shapes, with a PASS / FAIL verdict, plus the checks that need a GPU
 to mean anything (the fused router against eager, the grouped-GEMM offsets, the matmul peak).
 

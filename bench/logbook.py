@@ -1,4 +1,4 @@
-"""The logbook's costs (issue 30): writing a run's entry against the run, and `--log` over 1,000 entries.
+"""The logbook's costs: writing a run's entry against the run, and `--log` over 1,000 entries.
 
     .venv/bin/python -m bench.logbook                         # runs the laptop voyage once (README command)
     .venv/bin/python -m bench.logbook --laptop-prefix out     # ... or reads a laptop prefix already run

@@ -1,4 +1,4 @@
-"""The gloo equality table of issue 22: twenty steps of the tiny preset (16 sequences a step) on
+"""The gloo equality table: twenty steps of the tiny preset (16 sequences a step) on
 one process and on several meshes of gloo processes, compared in loss, gradient norm and every
 weight after the last step, not in the loss alone (AdamW's scale invariance can hide a wrong
 gradient divisor behind the loss). The same runs as tests/steps/train/test_train_mesh.py, which
@@ -29,7 +29,7 @@ MESHES = {  # name: (ParallelConfig fields, workers, micro-batch)
 }
 
 
-# bf16 (issue 22): the distributed optimizer (bf16 working weights, fp32 master slices) against
+# bf16: the distributed optimizer (bf16 working weights, fp32 master slices) against
 # plain bf16 HSDP on the same mesh (fp32 weights whole on each replica), and both against one fp32
 # process.
 BF16 = {  # name: (ParallelConfig fields, workers, micro-batch)

@@ -6,11 +6,11 @@
     .venv/bin/python -m bench.plan --whole-process [--sizes 1000 3000] [--repeat 5]
         # `marin-run --dry-run` as a whole process beside `snakemake -n` and Luigi (bench/plan_peers.py)
 
-Target (issue 2): 10k steps in under 1 s, growing linearly. The prefix is filled once per shape
+Target: 10k steps in under 1 s, growing linearly. The prefix is filled once per shape
 with SUCCESS statuses (as a finished voyage leaves them), then the whole planning pass is timed:
 build the DAG (digests included) and decide every step (one status read each).
 
-`--provenance` (issue 14): the roots are sources that declare licences (chain: the first step;
+`--provenance`: the roots are sources that declare licences (chain: the first step;
 wide: the root; layered: the 100 steps of the first layer, under 3 licences), a voyage-wide
 licence policy allows them (so every step is checked), and every status says it was made with
 other package versions (so every step gets an environment note). The plan is made with all that

@@ -1,4 +1,4 @@
-"""Issue 22's plan figures, closed form (torch-free, a second): the 535B step with the optimizer
+"""The cross-rack plan's figures, closed form (torch-free, a second): the 535B step with the optimizer
 state on the host against the same step with it sharded across the racks' replicas, beside the
 anchor, at the same calibration; peak memory against routing skew with and without the rank
 capacity; the loss's memory chunked and unchunked.
@@ -67,7 +67,7 @@ def loss_memory() -> None:
     print("|---|---|---|")
     for mb in (1, 2, 4):
         T, V, D = mb * 4095, BIG.vocab_size, BIG.dim
-        unchunked = max(12 * T * V + 4 * T * D, 2 * V * D + 2 * T * V + 6 * T * D)  # the formula before issue 22
+        unchunked = max(12 * T * V + 4 * T * D, 2 * V * D + 2 * T * V + 6 * T * D)  # the formula before the chunked loss
         print(f"| {mb} | {unchunked / 1e9:.2f} | {mem.head_bytes(BIG, mb, 4095) / 1e9:.2f} |")
 
 

@@ -1,5 +1,5 @@
 """Whole-process planning of an up-to-date layered DAG: `marin-run --dry-run` beside `snakemake -n`
-and Luigi checking every task, each a fresh process, in one run on this machine (issue 20).
+and Luigi checking every task, each a fresh process, in one run on this machine.
 
     .venv/bin/python -m bench.plan_peers                      # 1,000 and 3,000 steps, 5 reps
     .venv/bin/python -m bench.plan_peers --sizes 1000 --reps 3

@@ -12,7 +12,7 @@ On CUDA, times are medians from triton.testing.do_bench, which clears the L2 cac
 call. Under the interpreter the times say nothing about a GPU; the CPU form checks that the
 script, the checks and the three implementations run.
 
-Targets (issue 6), on the H200 at T = 32k, E = 384, K = 8: fused forward + backward at least 5x
+Targets, on the H200 at T = 32k, E = 384, K = 8: fused forward + backward at least 5x
 faster than unfused eager, and at least 40% of the measured copy bandwidth.
 """
 

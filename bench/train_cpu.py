@@ -28,7 +28,9 @@ from bench import kit  # noqa: E402
 
 ROOT = kit.ROOT
 
-from executor import Resources, StepContext  # noqa: E402
+from executor import Resources  # noqa: E402
+
+from executor.testing import build_context
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
@@ -39,7 +41,7 @@ from steps.train.pretrain import pretrain  # noqa: E402
 
 
 def run(name, fn, config, work, resources=None):
-    ctx = StepContext(name=name, output=str(work / name), digest=(name * 64)[:64], resources=resources or Resources())
+    ctx = build_context(str(work / name), name=name, digest=(name * 64)[:64], resources=resources or Resources())
     t = time.perf_counter()
     fn(config, ctx)
     return ctx, time.perf_counter() - t

@@ -16,7 +16,7 @@ torchtitan's at the same shape.
    tokens per step, once per `--checkpointing` mode (none, selective, full:
    steps/train/recompute.py). MFU = model FLOPs per token (steps/moe/config.py
    flops_per_token: 6 x active matmul parameters + attention; recomputation is not counted) x
-   tokens/s over the GPU's dense bf16 peak (989.4 TFLOP/s for H100/H200). Target (issue 12): 35%
+   tokens/s over the GPU's dense bf16 peak (989.4 TFLOP/s for H100/H200). Target: 35%
    with selective checkpointing.
 2. One MoE layer, forward + backward, bf16 parameters: ours (steps/moe/model.py MoE) and
    torchtitan's (torchtitan.models.moe.MoE) at dim 1024, 64 experts of width 256, top 8, one

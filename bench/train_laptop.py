@@ -27,7 +27,9 @@ from bench import kit  # noqa: E402
 
 ROOT = kit.ROOT
 
-from executor import Resources, StepContext  # noqa: E402
+from executor import Resources  # noqa: E402
+
+from executor.testing import build_context
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
@@ -56,7 +58,7 @@ def main() -> None:
     times: dict[str, float] = {}
 
     def run(name, fn, config, resources=None):
-        ctx = StepContext(name=name, output=str(work / name), digest=(name * 64)[:64], resources=resources or Resources())
+        ctx = build_context(str(work / name), name=name, digest=(name * 64)[:64], resources=resources or Resources())
         t = time.perf_counter()
         fn(config, ctx)
         times[name] = time.perf_counter() - t

@@ -1,4 +1,4 @@
-"""The trainer's operations figures (issue 21), on the laptop recipe on CPU:
+"""The trainer's operations figures, on the laptop recipe on CPU:
 
     .venv/bin/python -m bench.train_ops stall      # checkpoint stall: sync vs async, plain and slow store
     .venv/bin/python -m bench.train_ops recover    # detection -> training again: watchdog and rewind
@@ -43,7 +43,9 @@ from bench import kit  # noqa: E402
 
 ROOT = kit.ROOT
 
-from executor import Hang, StepContext  # noqa: E402
+from executor import Hang  # noqa: E402
+
+from executor.testing import build_context
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
@@ -55,7 +57,7 @@ from steps.train.watchdog import WatchdogConfig  # noqa: E402
 
 
 def run(name, fn, config, out, attempt=1):
-    ctx = StepContext(name=name, output=str(out), digest=(name * 64)[:64], attempt=attempt)
+    ctx = build_context(str(out), name=name, digest=(name * 64)[:64], attempt=attempt)
     t = time.perf_counter()
     fn(config, ctx)
     return ctx, time.perf_counter() - t
@@ -162,7 +164,7 @@ def health(args, work: pathlib.Path) -> None:
     print(f"{'preset':>7} {'step ms':>9} {'+health ms':>11} {'per logged step':>16} {'per step (log_every 10)':>24}"
           f" {'direct ms':>10} {'direct share':>13}")
     for preset in ("tiny", "small"):
-        ctx = StepContext(name="h", output=str(work / f"health-{preset}"), digest="h" * 64)
+        ctx = build_context(str(work / f"health-{preset}"), name="h", digest="h" * 64)
         job = prepare(config(mix, preset, args.batch if preset == "tiny" else args.small_batch), ctx, "pretrain")
         trainer = Trainer(job)
         sums = torch.zeros(3)

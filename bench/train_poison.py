@@ -47,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from executor import StepContext  # noqa: E402
+from executor.testing import build_context  # noqa: E402
 from steps.data.ingest import IngestConfig, ingest  # noqa: E402
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture  # noqa: E402
 from steps.data.tokenize import TokenizeConfig, tokenize  # noqa: E402
@@ -61,7 +61,7 @@ HELD_OUT = ("kjv", "pydocs")
 
 
 def run_step(fn, config, output, name):
-    ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64])
+    ctx = build_context(str(output), name=name, digest=(name.replace("/", "") * 64)[:64])
     fn(config, ctx)
     return ctx
 

@@ -1,5 +1,5 @@
 """The trainer's data wait per step, before and after read-ahead, on a store with injected
-latency (issue 19 item 6).
+latency.
 
     .venv/bin/python -m bench.train_readahead --steps 30 --compute 0.1
 
@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     fsspec.register_implementation("latencymem", LatencyFS, clobber=True)
 
-    from executor import StepContext
+    from executor.testing import build_context
     from steps.data.formats import TokenShardWriter, write_json
     from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, load_mixture, mixture
     from steps.train.data import Batches
@@ -80,7 +80,7 @@ def main() -> None:
                                             "tokenizer": "t", "tokens": sum(s["tokens"] for s in shards),
                                             "documents": 4, "shards": shards})
         urls[name] = url
-    ctx = StepContext(name="mix", output="latencymem://bench/mix", digest="0" * 64)
+    ctx = build_context("latencymem://bench/mix", name="mix", digest="0" * 64)
     mixture(MixtureConfig(datasets=urls, token_budget=(args.steps + 8) * share * seq_len, seq_len=seq_len,
                           stages=(MixtureStage(1.0, {"web": 0.7, "code": 0.3}),)), ctx)
     manifest = load_mixture("latencymem://bench/mix/mixture.json")

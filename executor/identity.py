@@ -291,7 +291,7 @@ def check_depth(value: Any, path: str = "config") -> None:
 
 def normalized(value: Any, kind: Kind = None) -> Any:
     """`value` as it was hashed, so that the step receives exactly what its digest covers: values
-    that encode alike reach the step as one value (issue 28). An int in a field declared float is
+    that encode alike reach the step as one value. An int in a field declared float is
     that float, a whole float in a field declared int is that int, -0.0 is 0.0; a dict is in the
     order of its keys' encodings (a plain dict); a list or tuple is the sequence type its field
     declares (`list[...]`, `tuple[...]`), and a list where nothing declares one (JSON's sequence);

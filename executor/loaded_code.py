@@ -1,4 +1,4 @@
-"""Is the code this process runs the code on record? (issue 28, critical 3)
+"""Is the code this process runs the code on record? (critical 3)
 
 The code fingerprint (executor.fingerprint) is read from the source files on the driver, and the
 record says that code made the output. Three ways the code that runs is another:

@@ -219,7 +219,7 @@ _DATA = (str, bytes, int, float, bool, list, tuple, dict, set, frozenset)
 def _check_plain_function(fn: Any) -> None:
     """A step type is a plain function: values bound outside its config (a partial's arguments,
     an object's attributes, a closure's data) are in neither the digest nor the code fingerprint,
-    so changing them would change the bytes under one recipe (issue 28)."""
+    so changing them would change the bytes under one recipe."""
     if isinstance(fn, functools.partial):
         what = f"functools.partial of {getattr(fn.func, '__qualname__', fn.func)!r}"
     elif inspect.ismethod(fn):

@@ -121,7 +121,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None,
         and previous is not None and previous.digest == task.digest
     # A folder from before attempts had folders (its status has no `dir`: its checkpoints are at its
     # root) is adopted as it is: the attempt resumes at the root, and commits it as the old layout
-    # is served. A new folder would start from step 0 and leave the old checkpoints to --gc (issue 28).
+    # is served. A new folder would start from step 0 and leave the old checkpoints to --gc.
     folder_rel = (current.dir or "") if resumes else layout.new_dir(number)  # type: ignore[union-attr]
     folder = f"{task.dirname}/{folder_rel}" if folder_rel else task.dirname
     attempt = Attempt(number=number, state=RUNNING, started=started, host=socket.gethostname(),
@@ -144,7 +144,7 @@ def execute(task: TaskSpec, mapper: Mapper = local_map, node: str | None = None,
         # the status first: from here on a crash leaves an attempt that is never served. A swap
         # against the status read at the start, not a plain write: a writer that passed its fence
         # check and then stalled past the ttl (an object store's fence is a check, then writes)
-        # must not land RUNNING over the SUCCESS another executor committed meanwhile (issue 28)
+        # must not land RUNNING over the SUCCESS another executor committed meanwhile
         ours = ours and store.swap_status(task.dirname, current, running)  # type: ignore[arg-type]
         if ours:
             store.write_record(folder, record)

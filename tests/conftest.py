@@ -156,7 +156,7 @@ def laptop_voyage(request, tmp_path_factory):
     shared.mkdir(exist_ok=True)
     # It runs in one folder and is then moved to another, the one tests read: every test reads a
     # relocated prefix, so a read of the folder a step ran in (an absolute path kept in a record)
-    # fails in every test, not only in the ones that copy the prefix (issue 13, item 10).
+    # fails in every test, not only in the ones that copy the prefix.
     prefix, ran_at, done = str(shared / "out"), str(shared / "ran-here" / "out"), shared / "summary.pkl"
     cwd = os.getcwd()
     with FileLock(str(shared / ".lock")):

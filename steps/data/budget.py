@@ -44,7 +44,7 @@ DEDUP_SECTIONS = 29  # 28 bands + the exact-hash section
 DEDUP_RECORD = 464  # bytes: key, global id, the 112-word signature (steps.dedup.runs.record_dtype)
 KEYS_PER_TASK = 1 << 20  # DedupConfig.keys_per_task
 PAIRS_PER_TASK = 1 << 22  # DedupConfig.pairs_per_task
-DUPLICATE_SHARE = 0.01  # near-duplicate documents (issue 19: "~0.5 TB of raw pairs at 1%")
+DUPLICATE_SHARE = 0.01  # near-duplicate documents ("~0.5 TB of raw pairs at 1%")
 COMPONENT_ROUNDS = 6  # large-star/small-star rounds (logarithmic in the largest cluster)
 EVAL_NGRAM_BYTES = 16  # decontam.EvalIndex: a uint64 hash and a uint64 set mask
 WORDS_PER_TOKEN = 0.75
@@ -62,7 +62,7 @@ class Rate:
 
 BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
 # Measured on the development machine (docs/benchmarks.md "Per-core throughputs of the data steps").
-# Measured again on 2026-12-01 (load average about 5 on the 2-core machine): the dedup of issue 19
+# Measured again on 2026-12-01 (load average about 5 on the 2-core machine): the bounded-memory dedup
 # item 1 (sorted runs, pass 2 by key range, distributed components); the first figures (31.8 MB/s,
 # 2,067 documents/s of main's old dedup, 6.5 MB/s, 0.40 M tokens/s) were taken at load 20-45.
 RATES = {
@@ -77,7 +77,7 @@ ZSTD_RATIO = Rate(2.97, "text bytes / zstd shard bytes", BENCH)
 # The decontaminate task's rate falls as the eval index outgrows the caches (a lookup is a binary
 # search over it). Measured at three eval-side sizes (eval n-grams, bytes of text/s a core;
 # docs/benchmarks.md "Decontamination against the eval side's size", 2026-12-03, load 30-40 on the
-# 2-core machine, process CPU time). The rates of issue 32's check (7.87 MB/s at 106 n-grams, 8.4
+# 2-core machine, process CPU time). The rates of the independent data check (7.87 MB/s at 106 n-grams, 8.4
 # at 1M, 2.33 at 7.4M) lie within 13% of the model drawn through these.
 DECONTAM_BENCH = ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 100000 1000000 8000000"
 DECONTAM_RATES = ((118_380, 9.07e6), (1_181_658, 6.96e6), (9_466_072, 2.34e6))

@@ -1,4 +1,4 @@
-"""The scaling ladder (issue 27): small rungs of the recipe, a law fitted to them, a sealed
+"""The scaling ladder: small rungs of the recipe, a law fitted to them, a sealed
 prediction for a target and its check (docs/ladder.md).
 
 `law` is the fit: L(C) = E + A·C^-α by variable projection with a Huber loss on log residuals,

@@ -1,7 +1,7 @@
 """The law of a scaling ladder, L(C) = E + A·C^-α, and its band (docs/ladder.md, "The law and its
 band"). Pure numpy/scipy, no torch.
 
-The fit (issue 27 item 3; LADDER.md §3.1 pitfalls, Open-Athena's VPNLS, OLMo's Huber on log
+The fit (LADDER.md §3.1 pitfalls, Open-Athena's VPNLS, OLMo's Huber on log
 residuals):
 
 - *Variable projection.* For a fixed exponent α the model is linear in (E, A). They are solved

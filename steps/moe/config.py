@@ -81,7 +81,7 @@ PRESETS: dict[str, MoEConfig] = {
     "medium": dataclasses.replace(
         _BIG, dim=2048, n_layers=24, n_heads=16, n_kv_heads=4, head_dim=128, n_experts=128,
         expert_dim=512, n_shared_experts=2, shared_expert_dim=1024),
-    # dropless up to 1.25x the mean rows a rank (the plan's buffers; issue 22), then dropped
+    # dropless up to 1.25x the mean rows a rank (the plan's buffers), then dropped
     "535b-a23b": dataclasses.replace(_BIG, rank_capacity_factor=1.25),
 }
 

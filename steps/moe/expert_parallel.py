@@ -54,7 +54,7 @@ from steps.moe.model import MoE, _Dispatch, _recomputing, expert_capacity, exper
 
 
 def _splits(sent_Pe: Tensor, got_Pe: Tensor) -> tuple[list[int], list[int]]:
-    """Rows sent to and received from each rank, moved to the host in one sync (issue 31: one a
+    """Rows sent to and received from each rank, moved to the host in one sync (one a
     block and micro-batch, where there were two)."""
     both = torch.cat([sent_Pe.sum(1), got_Pe.sum(1)]).tolist()
     return both[:len(both) // 2], both[len(both) // 2:]

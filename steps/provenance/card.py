@@ -171,7 +171,7 @@ def stage_tokens(record: dict[str, Any], meta: dict[str, Any], mixture: dict[str
     by_dataset = {n: {"sequences": v["sequences"], "tokens": v["tokens"]}
                   for n, v in consumption(mixture, first * batch, done * batch)["by_dataset"].items() if v["sequences"]}
     recorded = (record.get("provenance") or {}).get("tokens") or {}
-    if recorded.get("by_dataset"):  # the training record's own count (issue 14, item 1) wins
+    if recorded.get("by_dataset"):  # the training record's own count wins
         by_dataset = {n: {"sequences": int(v["sequences"]), "tokens": int(v["tokens"])}
                       for n, v in recorded["by_dataset"].items()}
     return {"step": record.get("name", ""), "phase": phase, "optimizer_steps": [first, done],
@@ -286,7 +286,7 @@ def _name_of(url: str, upstream: list[dict[str, Any]]) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     """The git commit of the code (and whether its tree had changes) and the key packages'
-    versions: the executor's own record of them (`executor.current_environment`, issue 14 item 6)
+    versions: the executor's own record of them (`executor.current_environment`)
     where its public API has it, else read here the same way."""
     try:
         from executor import current_environment  # type: ignore[attr-defined]

@@ -57,12 +57,12 @@ ANCHOR_CHECKPOINTING = "full"
 # Not published. Levanter's default (`per_device_parallelism = -1`) is a device's whole share, 16
 # sequences, in one forward; our memory model puts that at 193.2 GiB a GPU, far from the anchor's
 # measured 137.9 GiB. Under full recompute, 8 sequences is the micro-batch whose modeled peak
-# comes nearest it (131.5 GiB; 4: 100.7, 16: 193.2; issue 31's model: kept rows at the 1.25 cap,
+# comes nearest it (131.5 GiB; 4: 100.7, 16: 193.2; the honest-margins model: kept rows at the 1.25 cap,
 # NCCL's documented buffers), so the published peak picks it (tests/steps/scale/test_scale_anchor.py
 # holds that). The efficiency at 16 would be 37.9% as well; the other reading, selective
 # checkpointing at micro-batch 1 (140.2 GiB by our model), is printed beside it (ANCHOR_READINGS).
 ANCHOR_MICROBATCH = 8
-# The two readings of the unpublished checkpointing that the plan sets side by side (issue 31):
+# The two readings of the unpublished checkpointing that the plan sets side by side:
 # Levanter's default (full recompute, the micro-batch its peak picks) and selective checkpointing
 # at micro-batch 1, whose modeled peak comes nearer the published 137.9 GiB.
 ANCHOR_READINGS = ((ANCHOR_CHECKPOINTING, ANCHOR_MICROBATCH), ("selective", 1))

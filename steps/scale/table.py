@@ -206,7 +206,7 @@ def cross_rack_lines(plan: MeshPlan) -> list[str]:
     s, c, m = plan.setup, plan.choice, plan.choice.mesh
     if m.dp_replicate == 1:
         return ["  cross-rack sharding: none to do (one replica)"]
-    lines = ["  cross-rack sharding of the optimizer state (issue 22):"]
+    lines = ["  cross-rack sharding of the optimizer state:"]
     if c.offload == "replicas":
         other = estimate(s, dataclasses.replace(c, offload="moments"))
         lines.append(f"    chosen: the distributed optimizer across the {m.dp_replicate} replicas (offload replicas); "

@@ -370,7 +370,7 @@ class Trainer:
             dist.all_reduce(sums)
             dist.all_reduce(load_LE)
         share_LE = load_LE / load_LE.sum(-1, keepdim=True).clamp_min(1)
-        # [layer, (routed, dropped)] past the rank or the per-expert capacity (issues 22, 31)
+        # [layer, (routed, dropped)] past the rank or the per-expert capacity
         drops_L2 = take_dropped_layers(self.layers).float()
         if dist.is_initialized():
             dist.all_reduce(drops_L2)

@@ -392,7 +392,7 @@ EXPANDABLE = "expandable_segments:True"
 
 def expandable_segments() -> str:
     """Turn on the CUDA caching allocator's expandable segments, which the plan's 5% fragmentation
-    reserve assumes (steps/scale/mesh_plan.py FRAGMENTATION; issue 31): PYTORCH_CUDA_ALLOC_CONF gains
+    reserve assumes (steps/scale/mesh_plan.py FRAGMENTATION): PYTORCH_CUDA_ALLOC_CONF gains
     `expandable_segments:True` unless it names expandable_segments already (a user's setting
     stands). Read when CUDA starts; if it has started, set through torch's allocator settings
     too. Returns the setting in force."""

@@ -114,7 +114,7 @@ def _train(config: TrainConfig, ctx: StepContext, phase: str) -> None:
     if timings.get("rewind_s"):
         ctx.results["rewind_s"] = [round(x, 4) for x in timings["rewind_s"]]
     drops = _drop_shares(ctx.path(METRICS_FILE), job.start, job.end)
-    if drops:  # issue 31: the largest share of assignments a capacity dropped in a metrics row
+    if drops:  # the largest share of assignments a capacity dropped in a metrics row
         ctx.results["moe_dropped_share_max"] = max(drops)
     final = checkpoint.list_checkpoints(ctx.output)[-1]
     meta, run = checkpoint.read_meta(final.url), checkpoint.read_run(final.url)

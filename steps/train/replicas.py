@@ -93,7 +93,7 @@ class ReplicaShards:
         self.names = {p: name for name, p in model.named_parameters()}
         self.params = list(self.names)
         self.bounds = {p: _slice(_local(p).numel(), replicas.size, replicas.index) for p in self.params}
-        # fp32, padded to R chunks, allocated here, before the first forward (issue 31): allocated
+        # fp32, padded to R chunks, allocated here, before the first forward: allocated
         # lazily in the first backward, among the freed activations, they fragment the memory
         self.acc: dict[Tensor, Tensor] = {
             p: torch.zeros(chunk * replicas.size, dtype=torch.float32, device=_local(p).device)

@@ -1,4 +1,4 @@
-"""The one GPU try (issue 31 item 1): bench/gpu_all.sh's CPU dry form, its budget and order, the
+"""The one GPU try: bench/gpu_all.sh's CPU dry form, its budget and order, the
 block check's verdicts on figures injected from outside, the wheels folder's check, and the
 fallback for a collective name the device's torch 2.11 lacks. No GPU here: these check the
 script and its logic, never a GPU result."""

@@ -169,7 +169,7 @@ def voyage(config: Cfg):
     assert failed["state"] == "failed" and failed["failure"] and "ValueError: no good" in failed["stack"]
 
 
-# -- issue 13, item 9: exact flags, bad values refused in one line, nothing written -------------------
+# -- exact flags, bad values refused in one line, nothing written -------------------
 
 FLAGS_VOYAGE = VOYAGE_HEAD.replace("n: int = 2", "n: int = 2\n    max: int = 0\n    name: str = 'x'") + """
 def voyage(config: Cfg):
@@ -246,7 +246,7 @@ def voyage(config: Cfg):
     assert code == 0 and "corrupt" in line and ".status" in line and "new step" not in line, line
 
 
-# -- issue 20 item 5: bad voyages and settings are one line and exit 2 ---------------------------------
+# -- bad voyages and settings are one line and exit 2 ---------------------------------
 
 @pytest.mark.parametrize("body, named", [
     ("import sys\nsys.exit(0)\n", "called sys.exit(0) while it was imported"),
@@ -354,7 +354,7 @@ HEAVY = ("fsspec", "pydantic", "rich", "ray", "torch", "importlib.metadata")
 
 
 def test_a_dry_run_of_a_cached_local_prefix_imports_no_fsspec_pydantic_or_rich(tmp_path):
-    """Issue 20: the whole process of a dry-run is mostly imports; a plan of a local folder whose
+    """The whole process of a dry-run is mostly imports; a plan of a local folder whose
     steps are all cached, printed to a pipe, reads `.status` files with `open` and lays the
     table out itself. Running (or reading a record) still goes through fsspec and pydantic."""
     from kits.vizkit import InlineBackend

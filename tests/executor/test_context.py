@@ -1,4 +1,4 @@
-"""Issue 20 item 3: a step's files are its own. `ctx.open`/`ctx.path` refuse a path that would
+"""A step's files are its own. `ctx.open`/`ctx.path` refuse a path that would
 leave the step's output folder or name one of the executor's files, with one clear error."""
 
 import pytest

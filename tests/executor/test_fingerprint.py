@@ -1,4 +1,4 @@
-"""Issue 13, item 5: the code fingerprint follows what changes a step's behaviour (helpers behind
+"""The code fingerprint follows what changes a step's behaviour (helpers behind
 decorators, Triton kernels, module constants, `pkg.mod.fn()` chains, the config class and its
 defaults), names what changed, and is the same on every Python version for the same source."""
 
@@ -274,7 +274,7 @@ def test_a_voyage_file_loaded_under_two_module_names_has_one_fingerprint():
     assert fps[0] == fps[1] and "hello.count_words" in fps[0].parts
 
 
-# -- issue 20 item 2: a fingerprint that fails safe --------------------------------------------------
+# -- a fingerprint that fails safe --------------------------------------------------
 # Each of these edits once left the fingerprint unchanged, so a stale output was served as plain
 # "cached". The precise walk may or may not name the unit; the module's normalized source (every
 # project module in the import closure of the step's and the config's modules) always changes.

@@ -211,7 +211,7 @@ def test_plain_and_diff_name_the_changed_leaf():
     assert "workers" not in str(lines)
 
 
-# -- issue 13, item 8: one meaning, one digest; what is ambiguous is refused ----------------------------
+# -- one meaning, one digest; what is ambiguous is refused ----------------------------
 
 @dataclass(frozen=True)
 class Typed:

@@ -92,7 +92,7 @@ def test_the_licence_is_identity_and_no_licence_leaves_old_digests_alone():
     assert e == a
 
 
-# -- issue 23, item 4: checked licence lists ---------------------------------------------------------
+# -- checked licence lists ---------------------------------------------------------
 
 
 def test_policy_lists_are_checked_like_sources_licences():

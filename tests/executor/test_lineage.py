@@ -112,7 +112,7 @@ def _write_voyage(tmp_path, body):
 
 
 def test_the_nvidia_source_routed_into_an_open_only_step_exits_2_before_anything_runs(tmp_path, capsys):
-    """Done-when of issue 14: the full voyage's own sources and data steps (voyages/535b.py), the
+    """The full voyage's own sources and data steps (voyages/535b.py), the
     Nemotron-CC source under the NVIDIA data agreement, mixed and trained into a checkpoint that
     allows only open licences: the real CLI, a real run (not --dry-run), exit 2, one line,
     nothing written."""

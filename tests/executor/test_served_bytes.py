@@ -1,5 +1,5 @@
-"""Issue 28, "served bytes are always the bytes of the code and inputs on record": each finding of
-the third round of attacks, reproduced, then held. Fast: no Ray unless a test says so."""
+"""Served bytes are always the bytes of the code and inputs on record: each finding of the third
+round of attacks, reproduced, then held. Fast: no Ray unless a test says so."""
 
 import dataclasses
 import functools

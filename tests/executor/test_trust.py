@@ -1,4 +1,4 @@
-"""Issue 13, "a cache you can trust": each hole reproduced as a new user met it, with a small
+""""A cache you can trust": each hole reproduced as a new user met it, with a small
 voyage through the real `marin-run` on the session's embedded Ray.
 
 Items 5 (fingerprint) and 8 (identity edge cases) are in test_fingerprint.py and
@@ -427,7 +427,7 @@ def test_item12_a_consumer_whose_input_is_being_rerun_when_it_starts_is_blocked(
     plan = plan_steps(steps, prefix, Selection(rerun=("c",)))
     x = plan.dag["x"]
     # after this plan, another executor takes x over to rerun it, and nothing of x is committed
-    # (a folder written before attempts kept the committed output served: issue 20)
+    # (a folder written before attempts kept the committed output served)
     Store(prefix).write_status(x.dirname, Status(state="RUNNING", digest=x.digest, attempt=2, token=9))
     summary = run_plan(plan, pickle_by_value=[vf.module])
     c = summary.outcomes["c"]

@@ -10,7 +10,9 @@ import json
 import os
 import shutil
 
-from executor import Resources, StepContext
+from executor import Resources
+
+from executor.testing import build_context
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, ParallelConfig, TrackerConfig, TrainConfig, \
     TrainerConfig
 
@@ -26,7 +28,7 @@ def config(mix: str, pc: ParallelConfig, microbatch: int = 0, **trainer) -> Trai
 def job_of(cfg: TrainConfig, output: str, workers: int):
     from steps.train.pretrain import prepare
 
-    ctx = StepContext(name="mesh", output=output, digest="m" * 64, resources=Resources(cpus=1, workers=workers))
+    ctx = build_context(output, name="mesh", digest="m" * 64, resources=Resources(cpus=1, workers=workers))
     return prepare(cfg, ctx, "pretrain")
 
 
@@ -106,7 +108,7 @@ def run_eval(trained: str, output: str, workers: int, pc: ParallelConfig) -> dic
     from steps.eval.evaluate import EvalConfig, prepare, score
     from steps.train.launch import spawn
 
-    ctx = StepContext(name="eval", output=output, digest="e" * 64, resources=Resources(cpus=1, workers=workers))
+    ctx = build_context(output, name="eval", digest="e" * 64, resources=Resources(cpus=1, workers=workers))
     job = prepare(EvalConfig(checkpoint=trained, max_sequences=24, batch_size=5, parallel=pc), ctx)
     if workers == 1:
         score(job)

@@ -49,7 +49,9 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from executor import Resources, StepContext
+    from executor import Resources
+
+    from executor.testing import build_context
     from kits.meshkit import config
     from steps.train import checkpoint
     from steps.train.config import ParallelConfig
@@ -67,7 +69,7 @@ def main() -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING", configure_logging=False)
         cfg = config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2)
-        ctx = StepContext(name="racks", output=output, digest="r" * 64, resources=Resources(cpus=1, workers=4))
+        ctx = build_context(output, name="racks", digest="r" * 64, resources=Resources(cpus=1, workers=4))
         pretrain(cfg, ctx)
         run = checkpoint.read_run(checkpoint.list_checkpoints(output)[-1].url)
         print(json.dumps({"mesh": run["mesh"], "nodes": nodes}), flush=True)

@@ -3,7 +3,7 @@ mix it. The session fixture that uses them is in conftest.py."""
 
 import pathlib
 
-from executor import StepContext
+from executor.testing import build_context
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.mixture import MixtureConfig, MixtureStage, mixture
 from steps.data.tokenize import TokenizeConfig, tokenize
@@ -16,8 +16,7 @@ def run_step(fn, config, output, name="t", lease=None, voyage=""):
     """`fn(config, ctx)` in this process; `lease` (executor.context.LeaseRef): the attempt's lease,
     as the executor gives it (then the step is resumable, as training is); `voyage`: the voyage's
     name, as a run of `marin-run` gives it."""
-    ctx = StepContext(name=name, output=str(output), digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"),
-                      lease=lease, resumable=lease is not None, voyage=voyage)
+    ctx = build_context(str(output), name=name, digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"), lease=lease, resumable=lease is not None, voyage=voyage)
     fn(config, ctx)
     return ctx
 
@@ -53,7 +52,7 @@ def write_if_agreed(lease, folder):
     from executor import LeaseLost
     from steps.train.saving import on_rank0_under_lease
 
-    ctx = StepContext(name="pre", output=folder, digest="0" * 64, lease=lease, resumable=True)
+    ctx = build_context(folder, name="pre", digest="0" * 64, lease=lease, resumable=True)
     try:
         on_rank0_under_lease(ctx.fenced, "a test write", lambda: open(f"{folder}/written", "w").close())
         said = "ok"

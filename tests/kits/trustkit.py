@@ -1,5 +1,5 @@
 """Small voyages driven through the real `marin-run` (in process, on the session's embedded Ray),
-for the tests of issue 13 ("a cache you can trust").
+for the trust tests ("a cache you can trust").
 
 Every voyage file is written to the same path of the test session (`voyage_path`), so the step
 types it defines are re-registered from the same file rather than clashing with another file's

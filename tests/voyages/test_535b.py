@@ -1,6 +1,6 @@
 """voyages/535b.py: the full plan with its budget, and the laptop rehearsal end to end."""
 
-from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # outputs are read in their committed attempt
 import collections
 import glob
 import importlib.util
@@ -60,7 +60,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     assert "CANNOT BE PLACED" in pretrain_line and "704 x (32 cpu, 200 GiB, 1 gpu, GB200)" in pretrain_line
     # the plan: one 64-GPU expert mesh a rack, 8 GPUs a rack spare, figures measured
     assert "704 of 792 GPUs train on 11 racks (64 a rack, 8 a rack spare)" in out
-    # issue 31: kept rows at the 1.25 cap, NCCL's documented buffers and 5% of the target kept rule out
+    # kept rows at the 1.25 cap, NCCL's documented buffers and 5% of the target kept rule out
     # EP64 at micro-batch 1 (136 GiB); the expert mesh is EP8 with FSDP over efsdp 8 inside the rack
     assert "dp_replicate 11 x dp_shard 64, expert-parallel EP8 inside a rack (48 experts a GPU, FSDP over efsdp 8)" in out
     assert "fake process group of 704 ranks" in out and "traced" in out
@@ -75,16 +75,16 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
             "(offload replicas)") in out
     peak = next(line for line in out.splitlines() if line.strip().startswith("peak "))
     assert " fits, " in peak and "under the 140 GiB target (at least 5% kept)" in peak and "anchor 137.9 GiB" in peak
-    assert float(peak.split()[1]) < 0.95 * 140  # issue 12's memory target, enforced since issue 22, 5% kept
+    assert float(peak.split()[1]) < 0.95 * 140  # the memory target, with 5% kept
     share = float(re.search(r"GiB \(([\d.]+)%\) under the 140 GiB target", peak).group(1))
     assert share >= 5.0 and share == pytest.approx(100 * (140 - float(peak.split()[1])) / 140, abs=0.06)
     headroom = next(line for line in out.splitlines() if line.strip().startswith("expert-load headroom"))
     assert "1.25x the mean rows kept in every block" in headroom  # the margin is at the cap
     nccl = next(line for line in out.splitlines() if line.strip().startswith("NCCL buffers"))
     assert "all-to-all with 7 peers" in nccl and "NCCL's documented sizes" in nccl
-    # issue 22: the enforced target, the tolerated skew and the cross-rack sharding (or why not)
+    # the enforced target, the tolerated skew and the cross-rack sharding (or why not)
     assert "memory target 140 GiB a GPU (memory_target_gib), enforced; tolerated skew: dropless up to 1.25x" in out
-    # issue 22: the distributed optimizer across the 11 racks' replicas, nothing on the host
+    # the distributed optimizer across the 11 racks' replicas, nothing on the host
     cross = next(line for line in out.splitlines() if "the distributed optimizer across the 11 replicas" in line)
     assert cross.strip().startswith("chosen:") and "with the moments on the host instead" in cross
     assert any(line.strip().startswith("fp32 master weights") for line in out.splitlines())
@@ -98,7 +98,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     comparable = next(line for line in out.splitlines() if "this plan at that efficiency:" in line)
     step_s = float(comparable.split("efficiency: ")[1].split(" s a step")[0])
     assert step_s < 17.0 and "the anchor's 17.00 s" in comparable and "MFU over the step by the trainer's count" in comparable
-    # issue 31: the anchor under both readings of its unpublished checkpointing, side by side
+    # the anchor under both readings of its unpublished checkpointing, side by side
     assert "the anchor's checkpointing is not published; both readings side by side" in out
     full = next(line for line in out.splitlines() if line.strip().startswith("full checkpointing, micro-batch 8"))
     sel = next(line for line in out.splitlines() if line.strip().startswith("selective checkpointing, micro-batch 1"))
@@ -166,7 +166,7 @@ def test_the_training_step_runs_the_planned_mesh(v535):
     dag = build_dag(v535.voyage(v535.VoyageConfig()))
     pre = dag["pretrain/535b-a23b"].step
     trainer, parallel = pre.config.trainer, pre.config.trainer.parallel
-    assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 8)  # issue 31: EP8 x efsdp 8
+    assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 8)  # EP8 x efsdp 8
     assert trainer.workers == pre.resources.workers == 704 and trainer.microbatch in (1, 2)
     assert parallel.checkpointing in ("selective", "full") and parallel.offload == "replicas"
     # the trainer's own checks accept what the plan picked (whole sequences, ep inside a rack)
@@ -269,7 +269,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, laptop_copy, tmp_path, monkeypa
     after = plan_steps(v535.voyage(config), own)
     assert after.counts() == {"CACHED": len(after.decisions)}
 
-    # Issue 13, item 10: the prefix copied elsewhere and the original moved away (so any read of it
+    # the prefix copied elsewhere and the original moved away (so any read of it
     # fails): every step plans CACHED with the same output digests, and a rerun of a training step
     # reads only the copy. Midtrain, the shorter of the two: it reads pretrain's checkpoint and the
     # mixture, so both must come from the copy (pretrain's own rerun reads the mixture alone).
@@ -289,7 +289,7 @@ def test_laptop_voyage_end_to_end(laptop_voyage, laptop_copy, tmp_path, monkeypa
 
 
 def licences_and_tokens_are_recorded(lv, prefix, plan):
-    """Issue 14, item 1: both sources' licences reach every trained artifact, and the tokens each
+    """Both sources' licences reach every trained artifact, and the tokens each
     training step consumed per source and licence are the sampler's own choice of every sequence
     of the optimizer steps it trained (not the declared weights)."""
     from steps.data.mixture import MixtureSampler, load_mixture

@@ -1,4 +1,4 @@
-"""Issue 21 item 6: `marin-run VOYAGE... --gc` collects by reachability (executor.gc.collect, executor.gc.sweep).
+"""`marin-run VOYAGE... --gc` collects by reachability (executor.gc.collect, executor.gc.sweep).
 
 Small voyages are written to files and run in this process through the real runner and worker
 (vizkit's inline backend, no Ray); `--gc` goes through the real `marin-run`. A run in progress is
@@ -174,7 +174,7 @@ def test_stale_versions_go_current_stays_and_without_yes_nothing_is_deleted(tmp_
     assert files(prefix) == before  # a dry listing: nothing deleted
     assert "nothing deleted: run again with --yes" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("gc/")]
-    # the same voyage under other overrides: not "old version" (issue 28), and the configs named
+    # the same voyage under other overrides: not "old version", and the configs named
     label = "not reached by the named configs"
     assert {(r[0], " ".join(r[1:7])) for r in rows} == {("gc/src", label), ("gc/use", label), ("gc/train", label)}
     assert f"1 voyage ({os.path.basename(voyage_file)} --text b)" in out.splitlines()[0], out

@@ -1,4 +1,4 @@
-"""Issue 20 item 1: attempts that readers never see (docs/concepts.md, "Attempts").
+"""Attempts that readers never see (docs/concepts.md, "Attempts").
 
 Each attempt writes into `{output}/.attempts/{id}`; a reader resolves only the attempt a
 `.status` commits, and the commit is one fenced swap of that file. The runner and the worker are

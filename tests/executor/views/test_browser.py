@@ -227,7 +227,7 @@ def _marked(o, plan, cls):
 
 
 def test_selecting_a_step_highlights_its_lineage_both_ways_with_licences(browser, tmp_path):
-    """Issue 14: in the plan drawing and the live page, a selected step marks everything it was
+    """In the plan drawing and the live page, a selected step marks everything it was
     built from (`up`) and everything built from it (`down`), transitively, and the details name
     the licences reaching it, a source's own licence and a step's policy."""
     from tests.executor.test_lineage import voyage as licensed_voyage
@@ -300,7 +300,7 @@ def rewinding(config: Rewinding, ctx) -> None:
 
 
 def test_the_page_after_a_rewind_and_failed_attempts(browser, tmp_path):
-    """Issue 29 gap 6: the rewound stretch is shaded (by step on each chart, by tokens on the
+    """The page after a rewind: the rewound stretch is shaded (by step on each chart, by tokens on the
     overview, where the curve is cut rather than drawn back), no rate below zero, and the class of
     every failed attempt on the step's node, in its details and in the run's list."""
     from executor import RetryPolicy, Step

@@ -1,4 +1,4 @@
-"""The `voyages/` folder as a static site (issue 30): the laptop voyage's prefix served by
+"""The `voyages/` folder as a static site: the laptop voyage's prefix served by
 `python -m http.server`'s handler, its logbook index and the run pages it links opened in headless
 Chromium; every link followed answers 200, none is absolute or names a path of this machine, and
 the page shows the run with its loss curves."""

@@ -1,4 +1,4 @@
-"""The laptop voyage's live page in headless Chromium at 1400x1800 (issue 21 item 5): the DAG fits
+"""The laptop voyage's live page in headless Chromium at 1400x1800: the DAG fits
 its panel with readable boxes, the expert-load heatmap is drawn (layers x logged steps, not
 blank), the loss runs on from pretrain into midtrain by tokens with the reference curve over it,
 and the curves show their values, with a capped run's MoE drops above them. The screenshot is checked by its pixels and kept under
@@ -27,7 +27,7 @@ def test_the_laptop_voyage_page_shows_health_heatmap_and_one_curve(laptop_voyage
     # the page of a run of the laptop voyage, over a copy of its prefix (the fixture is shared)
     prefix = tmp_path / "out"
     shutil.copytree(laptop_voyage.prefix, prefix)
-    # a capped run's drops (issue 31), as the trainer logs them, appended to the training steps'
+    # a capped run's drops, as the trainer logs them, appended to the training steps'
     # metrics: one more row each, 2.5% of layer 1's assignments dropped
     layers = len(json.loads(next(prefix.rglob("metrics.jsonl")).read_text().splitlines()[-1])["health"]["load_max_mean"])
     for metrics in prefix.rglob("metrics.jsonl"):

@@ -59,7 +59,7 @@ def test_reference_formats():
 
 
 def test_drop_shares_per_layer_and_the_run_max_are_read():
-    """Issue 31: a capped run's drops (health's dropped_share per layer, the row's
+    """A capped run's drops (health's dropped_share per layer, the row's
     moe_dropped_share) become curves and the `drops` summary: the run's largest share, the worst
     layer's with its layer and step, and the last; a dropless run (no per-layer drops) has none."""
     from executor.views.viz.metrics import Curves

@@ -8,7 +8,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from executor import StepContext, VoyageError
+from executor import VoyageError
+
+from executor.testing import build_context
 from steps.data.decontam import DecontamConfig, EvalSet, NgramHasher, _decontaminator, build_index, decontaminate, \
     read_contaminated, task_texts, words
 from steps.data.shard_io import Shard
@@ -66,7 +68,7 @@ def _corpus(tmp_path):
 
 def test_contaminated_documents_are_removed_listed_and_counted(tmp_path):
     folder, evals = _corpus(tmp_path)
-    ctx = StepContext(name="decontam/src", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="decontam/src", digest="0" * 64)
     config = DecontamConfig(documents=str(folder), evals=(EvalSet("psalms", documents="psalms.jsonl"),
                                                            EvalSet("code", documents="code.jsonl")),
                             root=str(evals))
@@ -84,7 +86,7 @@ def test_contaminated_documents_are_removed_listed_and_counted(tmp_path):
     assert ctx.provenance["licenses"] == ["CC0-1.0"]
 
     # mark mode: every document kept, the contaminated ones tagged
-    ctx = StepContext(name="decontam/src", output=str(tmp_path / "marked"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "marked"), name="decontam/src", digest="0" * 64)
     decontaminate(DecontamConfig(documents=str(folder), evals=config.evals, root=str(evals), mode="mark"), ctx)
     docs = [d for k in range(2) for d in iter_documents(ctx.path(f"documents/0000{k}.jsonl.zst"))]
     assert [d["id"] for d in docs] == [f"d{i}" for i in range(6)]
@@ -180,7 +182,7 @@ def test_markup_and_accents_do_not_hide_a_span_and_clean_text_is_kept(tmp_path):
     write_documents(str(tmp_path / "evals.jsonl"), [{"text": t} for t in evals])
     found = {}
     for fold in (False, True):
-        ctx = StepContext(name="decontam/src", output=str(tmp_path / f"out{fold}"), digest="0" * 64)
+        ctx = build_context(str(tmp_path / f"out{fold}"), name="decontam/src", digest="0" * 64)
         decontaminate(DecontamConfig(documents=str(folder), evals=(EvalSet("planted", documents="evals.jsonl"),),
                                      root=str(tmp_path), fold_unicode=fold), ctx)
         found[fold] = {c["id"] for c in read_contaminated(ctx.output)}
@@ -209,7 +211,7 @@ def test_every_task_declares_memory_and_the_index_is_built_in_tasks(tmp_path):
         asked.append((fn.__name__, resources.memory_gb))
         return [fn(x) for x in items]
 
-    ctx = StepContext(name="decontam/src", output=str(tmp_path / "out"), digest="0" * 64, mapper=mapper)
+    ctx = build_context(str(tmp_path / "out"), name="decontam/src", digest="0" * 64, mapper=mapper)
     decontaminate(DecontamConfig(documents=str(folder), evals=(EvalSet("psalms", documents="psalms.jsonl"),
                                                                EvalSet("code", documents="code.jsonl")),
                                  root=str(evals)), ctx)

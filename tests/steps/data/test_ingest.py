@@ -9,13 +9,13 @@ import pytest
 import zstandard
 
 import steps.data.ingest as ingest_mod
-from executor import StepContext
+from executor.testing import build_context
 from steps.data.formats import iter_documents, read_json
 from steps.data.ingest import IngestConfig, ingest
 
 
 def _ctx(tmp_path, name="out"):
-    return StepContext(name="t", output=str(tmp_path / name), digest="0" * 64)
+    return build_context(str(tmp_path / name), name="t", digest="0" * 64)
 
 
 def _docs(ctx):

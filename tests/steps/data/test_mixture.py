@@ -5,7 +5,9 @@ import collections
 import numpy as np
 import pytest
 
-from executor import StepContext, VoyageError
+from executor import VoyageError
+
+from executor.testing import build_context
 from steps.data.formats import TOKENS_FORMAT, TokenDataset, TokenShardWriter, read_json, write_json
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, feistel, mixture, plan_mixture
 
@@ -119,7 +121,7 @@ def test_mixture_step_reads_token_datasets(tmp_path):
         write_json(f"{root}/manifest.json", {"format": TOKENS_FORMAT, "dtype": "uint16", "tokens": n, "documents": 1,
                                              "shards": [{"name": "00000", "tokens": n, "documents": 1}]})
         urls[name] = root
-    ctx = StepContext(name="t", output=str(tmp_path / "mix"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "mix"), name="t", digest="0" * 64)
     mixture(MixtureConfig(datasets=urls, weights={"a": 3, "b": 1}, token_budget=4000, seq_len=10, block_size=16), ctx)
     assert ctx.results["sequences"] == 400 and ctx.results["tokens"] == 4000
     s = MixtureSampler(ctx.output)

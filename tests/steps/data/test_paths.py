@@ -3,13 +3,15 @@
 import pytest
 
 from executor import StepContext
+
+from executor.testing import build_context
 from steps.data.paths import prefix_of, ref, resolve
 
 DIGEST = "0123456789" + "a" * 54
 
 
 def _ctx(output: str, name: str = "tokenized/kjv") -> StepContext:
-    return StepContext(name=name, output=output, digest=DIGEST)
+    return build_context(output, name=name, digest=DIGEST)
 
 
 @pytest.mark.parametrize("prefix", ["/tmp/p", "gs://bucket/voyages", "memory://m/x"])
@@ -20,7 +22,7 @@ def test_inside_the_prefix_relative_and_back(prefix):
     name = ref(ctx, tokenizer)
     assert name == "../../tokenizer/bpe-512-abcdef0123"
     if prefix.startswith("gs://"):
-        return  # resolving reads the target's .status (issue 20): there is no such bucket here
+        return  # resolving reads the target's .status: there is no such bucket here
     assert resolve(name, ctx.output) == tokenizer
     ledger = ctx.path("ledger")
     shard = f"{prefix}/dedup/kjv-1111111111/documents/00000.jsonl.zst"
@@ -43,7 +45,7 @@ def test_a_step_run_by_hand_outside_the_executors_naming_has_no_prefix():
 
 
 def test_names_hold_no_attempt_and_resolve_into_the_committed_one():
-    """Issue 20: an output's files are in `.attempts/<id>/`; a name written by another output
+    """An output's files are in `.attempts/<id>/`; a name written by another output
     leaves the attempt out, and is read in the attempt the target's `.status` commits now."""
     from executor.storage.store import Status, Store
 

@@ -4,7 +4,7 @@ Manifests and records carry the licences; the mixture's tokens per source and li
 a licence corrected after a cached run re-addresses the source and everything after it; a copied
 prefix keeps every licence and count; records written before these fields still load."""
 
-from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # outputs are read in their committed attempt
 import collections
 import json
 import os

@@ -12,7 +12,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import steps.data.shard_io as shard_io
-from executor import StepContext, VoyageError
+from executor import VoyageError
+from executor.testing import build_context
 from steps.data.formats import read_json
 from steps.data.ingest import IngestConfig, ingest
 from steps.data.shard_io import Backoff, ShardsFailed, TransientStoreError, is_transient, retry
@@ -102,7 +103,7 @@ def _corpus(name: str, files: int) -> str:
 
 def _run(name: str, files: int, **config):
     raw = _corpus(name, files)
-    ctx = StepContext(name="raw", output=f"counted://{name}/out", digest="0" * 64, mapper=quiet_map)
+    ctx = build_context(f"counted://{name}/out", name="raw", digest="0" * 64, mapper=quiet_map)
     ingest(IngestConfig(input=raw, **config), ctx)
     return ctx
 
@@ -124,7 +125,7 @@ def test_a_resumed_step_reads_the_earlier_ledgers_in_one_batch():
         _run("resume", 8)
     CountingFS.faults = {}
     CountingFS.calls.clear()
-    ctx = StepContext(name="raw", output="counted://resume/out", digest="0" * 64, mapper=quiet_map)
+    ctx = build_context("counted://resume/out", name="raw", digest="0" * 64, mapper=quiet_map)
     ingest(IngestConfig(input="counted://resume/raw"), ctx)
     assert ctx.results["documents"] == 24 and "quarantined" not in ctx.results
     ledger_calls = [c for c in CountingFS.calls if "/ledger" in c[1]]
@@ -165,7 +166,7 @@ def test_a_shard_that_keeps_failing_is_quarantined_and_named_then_redone():
     assert not CountingFS().exists("/quar/out/ledger/00002.json")
     # the store heals: the next attempt does the quarantined shard and nothing else
     CountingFS.faults = {}
-    ctx = StepContext(name="raw", output="counted://quar/out", digest="0" * 64, mapper=quiet_map)
+    ctx = build_context("counted://quar/out", name="raw", digest="0" * 64, mapper=quiet_map)
     ingest(IngestConfig(input="counted://quar/raw", max_quarantine_share=0.25), ctx)
     assert ctx.results["documents"] == 12 and "quarantined" not in ctx.results
 
@@ -236,7 +237,7 @@ def test_the_docs_per_shard_step_resumes_quarantines_and_writes_its_manifest(tmp
         write_documents(str(folder / f"documents/{k:05d}.jsonl.zst"),
                         [{"id": f"{k}-{i}", "text": " ".join(["w"] * (i * 20))} for i in range(5)])
     (folder / "documents/00002.jsonl.zst").write_bytes(b"not zstd")  # keeps failing
-    ctx = StepContext(name="filtered", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="filtered", digest="0" * 64)
     config = example.MinWordsConfig(documents=str(folder / "documents/*.jsonl.zst"), min_words=50,
                                     max_quarantine_share=0.25)
     example.min_words(config, ctx)
@@ -247,12 +248,10 @@ def test_the_docs_per_shard_step_resumes_quarantines_and_writes_its_manifest(tmp
     # resumed: the bad shard mended, only it is done again
     write_documents(str(folder / "documents/00002.jsonl.zst"), [{"id": "2-0", "text": " ".join(["w"] * 60)}])
     seen = []
-    ctx = StepContext(name="filtered", output=str(tmp_path / "out"), digest="0" * 64,
-                      mapper=lambda fn, items, res=None: [seen.extend(s.index for s in t.shards) or fn(t) for t in items])
+    ctx = build_context(str(tmp_path / "out"), name="filtered", digest="0" * 64, mapper=lambda fn, items, res=None: [seen.extend(s.index for s in t.shards) or fn(t) for t in items])
     example.min_words(config, ctx)
     assert seen == [2] and read_json(ctx.path("manifest.json"))["documents"] == 7
     assert "quarantined" not in read_json(ctx.path("manifest.json")) and "quarantined" not in ctx.results
     with pytest.raises(ShardsFailed, match="min_words: 1 of 4 shards failed"):
         (folder / "documents/00001.jsonl.zst").write_bytes(b"broken")
-        example.min_words(config.__class__(documents=config.documents, min_words=10), StepContext(
-            name="filtered", output=str(tmp_path / "out2"), digest="1" * 64))
+        example.min_words(config.__class__(documents=config.documents, min_words=10), build_context(str(tmp_path / "out2"), name="filtered", digest="1" * 64))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import steps.data.tokenize as tokenize_mod
-from executor import StepContext, VoyageError
+from executor import VoyageError
+from executor.testing import build_context
 from steps.data.formats import TokenDataset, iter_documents, read_json, write_documents
 from steps.data.tokenize import TokenizeConfig, encode_batches, prefetch, tokenize
 from steps.data.tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
@@ -32,7 +33,7 @@ def docs_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer_dir(docs_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    ctx = StepContext(name="t", output=str(out), digest="0" * 64)
+    ctx = build_context(str(out), name="t", digest="0" * 64)
     train_tokenizer(TrainTokenizerConfig(documents=str(docs_dir), vocab_size=600), ctx)
     assert ctx.results["vocab_size"] == 600
     return out
@@ -49,7 +50,7 @@ def test_trained_tokenizer_is_byte_level_and_lossless(tokenizer_dir):
 
 
 def test_tokenize_matches_direct_encoding(docs_dir, tokenizer_dir, tmp_path):
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     tokenize(TokenizeConfig(documents=str(docs_dir), tokenizer=str(tokenizer_dir), bos="<|bos|>", eos="<|eos|>",
                             batch_docs=7), ctx)
     manifest = read_json(ctx.path("manifest.json"))
@@ -75,7 +76,7 @@ def test_bos_eos_are_optional(tokenizer_dir, bos, eos):
 
 
 def test_unknown_special_token_is_an_error(docs_dir, tokenizer_dir, tmp_path):
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     with pytest.raises(VoyageError, match="<s>"):
         tokenize(TokenizeConfig(documents=str(docs_dir), tokenizer=str(tokenizer_dir), bos="<s>", eos=None), ctx)
 
@@ -89,14 +90,14 @@ def test_large_vocab_uses_uint32(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
     write_documents(str(tmp_path / "d.jsonl"), [{"id": "0", "text": "w1 w69999 w65536"}])
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     tokenize(TokenizeConfig(documents=str(tmp_path / "d.jsonl"), tokenizer=str(tmp_path), bos=None, eos="[UNK]"), ctx)
     ds = TokenDataset(ctx.output)
     assert ds.dtype == np.uint32 and ds.document(0).tolist() == [1, 69999, 65536, 70000]
 
 
 def test_resume_skips_finished_shards(docs_dir, tokenizer_dir, tmp_path, monkeypatch):
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     config = TokenizeConfig(documents=str(docs_dir), tokenizer=str(tokenizer_dir), bos=None, eos="<|eos|>")
     real = tokenize_mod.TokenShardWriter
     opened = []
@@ -140,14 +141,14 @@ def test_prefetch_propagates_errors():
 def test_pin_tokenizer_copies_a_tokenizer_and_checks_its_size(tmp_path):
     from tokenizers import Tokenizer, models
 
-    from executor import StepContext, VoyageError
+    from executor import VoyageError
     from steps.data.tokenizer import PinTokenizerConfig, load_tokenizer, pin_tokenizer
 
     src = tmp_path / "src"
     src.mkdir()
     tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
     (src / "tokenizer.json").write_text(tok.to_str())
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     pin_tokenizer.fn(PinTokenizerConfig(source=str(src), expect_vocab_size=3), ctx)
     assert load_tokenizer(str(tmp_path / "out")).get_vocab_size() == 3
     assert ctx.results["vocab_size"] == 3
@@ -166,6 +167,6 @@ def test_every_task_declares_the_plans_memory_when_the_voyage_gives_none(docs_di
         asked.append(resources)
         return [fn(x) for x in items]
 
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64, mapper=mapper)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64, mapper=mapper)
     tokenize(TokenizeConfig(documents=str(docs_dir), tokenizer=str(tokenizer_dir), bos=None, eos="<|eos|>"), ctx)
     assert [r.memory_gb for r in asked] == [tokenize_task_gb(1024)] and tokenize_task_gb(1024) > 0.5

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import steps.dedup.dedup as dedup_mod
-from executor import StepContext, VoyageError
+from executor import VoyageError
+from executor.testing import build_context
 from steps.dedup.dedup import DedupConfig, connected_components, dedup
 from steps.data.formats import iter_documents, read_json, write_documents
 
@@ -44,7 +45,7 @@ def _kept(ctx):
 
 @pytest.mark.parametrize("verify", [None, 0.7])
 def test_removes_exact_and_near_duplicates_keeping_the_smallest_id(corpus, tmp_path, verify):
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     dedup(DedupConfig(documents=str(corpus), verify_threshold=verify), ctx)
     kept = _kept(ctx)
     # near-d30 sits first in shard 0, so it is the keeper of its cluster and d30 goes
@@ -65,10 +66,10 @@ def test_removes_exact_and_near_duplicates_keeping_the_smallest_id(corpus, tmp_p
 
 
 def test_exact_only_and_fuzzy_only(corpus, tmp_path):
-    ctx = StepContext(name="t", output=str(tmp_path / "exact"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "exact"), name="t", digest="0" * 64)
     dedup(DedupConfig(documents=str(corpus), fuzzy=False), ctx)
     assert ctx.results["removed"] == 1 and "copy-of-d3" not in _kept(ctx)
-    ctx = StepContext(name="t", output=str(tmp_path / "fuzzy"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "fuzzy"), name="t", digest="0" * 64)
     dedup(DedupConfig(documents=str(corpus), exact=False), ctx)
     assert ctx.results["removed"] == 4 and ctx.results["exact_duplicates_removed"] == 0
 
@@ -76,14 +77,14 @@ def test_exact_only_and_fuzzy_only(corpus, tmp_path):
 def test_result_does_not_depend_on_task_grouping(corpus, tmp_path):
     outs = []
     for per in (1, 3):
-        ctx = StepContext(name="t", output=str(tmp_path / f"g{per}"), digest="0" * 64)
+        ctx = build_context(str(tmp_path / f"g{per}"), name="t", digest="0" * 64)
         dedup(DedupConfig(documents=str(corpus), shards_per_task=per, batch_docs=4), ctx)
         outs.append(_kept(ctx))
     assert outs[0] == outs[1]
 
 
 def test_resume_after_a_crash_in_the_last_pass(corpus, tmp_path, monkeypatch):
-    ctx = StepContext(name="t", output=str(tmp_path / "out"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "out"), name="t", digest="0" * 64)
     real_write, real_sig = dedup_mod._write_kept, dedup_mod._signatures
     calls = []
 
@@ -130,7 +131,7 @@ def test_ingest_dedup_tokenize_on_a_memory_filesystem():
     fs.pipe("/memdata/raw/a.jsonl", "".join(f'{{"text": "{t}"}}\n' for t in base + base[:2]).encode())
 
     def ctx(name):
-        return StepContext(name=name, output=f"memory://memdata/{name}", digest="0" * 64)
+        return build_context(f"memory://memdata/{name}", name=name, digest="0" * 64)
 
     try:
         a, d, t, z = ctx("ing"), ctx("dd"), ctx("tok"), ctx("tz")
@@ -153,7 +154,7 @@ def _ingested(tmp_path, name, docs, license_id):
 
     raw = tmp_path / f"raw-{name}.jsonl"
     raw.write_text("".join(__import__("json").dumps(d) + "\n" for d in docs))
-    ctx = StepContext(name=f"raw/{name}", output=str(tmp_path / f"ingest-{name}"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / f"ingest-{name}"), name=f"raw/{name}", digest="0" * 64)
     ingest(IngestConfig(input=str(raw), max_docs_per_shard=7, license=License(license_id)), ctx)
     return ctx.output
 
@@ -173,7 +174,7 @@ def test_cross_source_dedup_keeps_sources_apart_but_finds_their_overlap(tmp_path
     a = _ingested(tmp_path, "web-a", web_a, "CC-BY-4.0")
     b = _ingested(tmp_path, "web-b", web_b, "ODC-By-1.0")
 
-    ctx = StepContext(name="dedup/web", output=str(tmp_path / "both"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "both"), name="dedup/web", digest="0" * 64)
     dedup(DedupConfig(documents={"web-b": b, "web-a": a}), ctx)  # ids follow the names: web-a first
     r = ctx.results
     assert r["removed"] == 4 and r["removed_by_pair"] == {"web-a <- web-a": 1, "web-b <- web-a": 2,
@@ -192,7 +193,7 @@ def test_cross_source_dedup_keeps_sources_apart_but_finds_their_overlap(tmp_path
     assert firsts["web-a"] == 0 and firsts["web-b"] == 3  # 21 documents, 7 a shard
 
     # the same clusters as one id space given by hand: both sources' shards in name order
-    one = StepContext(name="t", output=str(tmp_path / "one"), digest="0" * 64)
+    one = build_context(str(tmp_path / "one"), name="t", digest="0" * 64)
     from steps.data.formats import document_shards
     dedup(DedupConfig(documents=document_shards(a) + document_shards(b)), one)
     assert np.array_equal(np.load(ctx.fs_path("duplicates.npy")), np.load(one.fs_path("duplicates.npy")))

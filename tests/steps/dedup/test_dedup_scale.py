@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from executor import StepContext
+from executor.testing import build_context
 from steps.dedup.dedup import DedupConfig, connected_components, dedup
 from steps.dedup.components import components, load, save
 from steps.dedup.pairs import PairJob, pair_task
@@ -130,7 +130,7 @@ def test_same_clusters_as_the_single_process_algorithm(many, verify):
     want = old_dedup(urls, cfg)
     assert len(want) > 30 and len(set(want.values())) > 15  # many clusters: the test can tell
     for keys, pairs in ((80, 200), (1 << 20, 1 << 22)):
-        ctx = StepContext(name="t", output=str(root / f"out-{verify}-{keys}"), digest="0" * 64)
+        ctx = build_context(str(root / f"out-{verify}-{keys}"), name="t", digest="0" * 64)
         dedup(DedupConfig(documents=str(root / "in"), verify_threshold=verify, keys_per_task=keys,
                           pairs_per_task=pairs), ctx)
         assert _clusters(ctx) == want
@@ -216,7 +216,7 @@ def test_resume_after_pass_3_crash_with_another_task_budget(many, monkeypatch):
     import steps.dedup.dedup as dedup_mod
 
     root, urls = many
-    ctx = StepContext(name="t", output=str(root / "resume"), digest="0" * 64)
+    ctx = build_context(str(root / "resume"), name="t", digest="0" * 64)
 
     def crash(*args, **kwargs):
         raise RuntimeError("preempted in pass 3")
@@ -246,7 +246,7 @@ def test_small_runs_blocks_and_pair_parts_give_the_same_clusters(many, monkeypat
     monkeypatch.setattr(dedup_mod, "MIN_RUN_DOCS", 16)
     monkeypatch.setattr(pairs_mod, "BLOCK", 3)
     monkeypatch.setattr(pairs_mod, "PAIRS_PART", 5)
-    ctx = StepContext(name="t", output=str(root / "small-runs"), digest="0" * 64)
+    ctx = build_context(str(root / "small-runs"), name="t", digest="0" * 64)
     markers = []
     real = dedup_mod._signatures
     monkeypatch.setattr(dedup_mod, "_signatures", lambda job: (markers.append(real(job)), markers[-1])[1])

@@ -1,4 +1,4 @@
-"""export_hf (issue 15, items 1 and 2): the exported folder is what transformers loads, and it
+"""export_hf: the exported folder is what transformers loads, and it
 computes what our model computes: logits on a few hundred tokens of both corpora (fp32, max abs
 difference <= 1e-4), the tokenizer's ids, greedy generation with the KV cache. Also a bf16 export
 and the errors of bad input."""

@@ -1,4 +1,4 @@
-"""lm-eval-harness both ways (issue 15, item 3): the eval step runs local tasks through our
+"""lm-eval-harness both ways: the eval step runs local tasks through our
 adapter on the checkpoint and through lm-eval's own `hf` model (transformers, trust_remote_code)
 on its export; the scores agree to 1e-6. No network: the tasks read a local JSONL file.
 

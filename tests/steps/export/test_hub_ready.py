@@ -1,4 +1,4 @@
-"""Issue 23, item 3: the laptop voyage's export is a folder the Hub takes as it is. Its files are
+"""The laptop voyage's export is a folder the Hub takes as it is. Its files are
 only the model's; README.md's metadata is what huggingface_hub's own parser reads (licence,
 datasets, language, tags, model-index with eval's figures); no path of this machine; transformers
 loads it, tokenizes past the trained context and generates with no warning; the card links it."""

@@ -1,4 +1,4 @@
-"""import_hf (issue 15, item 4): the mapping read backwards. An exported folder imports to the
+"""import_hf: the mapping read backwards. An exported folder imports to the
 same state dict; midtraining starts from the imported weights (fresh optimizer, the run's schedule
 at the stage's start) and eval scores them as it scores the original; broken folders are one
 clear error each."""

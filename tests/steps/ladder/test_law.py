@@ -1,4 +1,4 @@
-"""The ladder's law (steps/ladder/law.py): the 500 synthetic ladders of issue 27 (calibration of
+"""The ladder's law (steps/ladder/law.py): the 500 synthetic ladders (calibration of
 the 90% band, median error), parameter recovery, the pinned floor, determinism, the bad inputs,
 the baselines and the leave-future-out table. Pure numpy/scipy, no torch."""
 
@@ -59,7 +59,7 @@ def synthetic_ladder(rng, seeds):
 
 
 def test_500_synthetic_ladders_band_covers_85_to_95_percent_median_error_under_half_percent():
-    """Issue 27's calibration test: free floor, 2 seeds a rung, 0.3-0.5% noise a seed; fit on
+    """The calibration test: free floor, 2 seeds a rung, 0.3-0.5% noise a seed; fit on
     rungs 1-4, predict rung 5 (the mean of its 2 seeds, as a held-out top rung is run)."""
     rng = np.random.default_rng(27)
     start = time.process_time()

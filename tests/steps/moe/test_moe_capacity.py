@@ -1,4 +1,4 @@
-"""The rank capacity of the expert-parallel dispatch (issue 22 item 2), on 2 gloo processes:
+"""The rank capacity of the expert-parallel dispatch, on 2 gloo processes:
 every token routed to one rank's experts. Unbounded, that rank takes 2N rows (one rank can take
 P*N); bounded at 1.25x the mean, it takes at most ceil(1.25 N), the rest is dropped and counted,
 tokens whose slots were all kept come out as they would dropless, and a bound the routing does
@@ -71,7 +71,7 @@ def _expert_bounded(factor: float, bias: float = 0.0, mode: str | None = None, s
 
 
 def test_per_expert_capacity_drops_the_last_slots_and_counts_them():
-    """Issue 31 item 4: each expert takes at most ceil(f N / E) slots, the first in token order;
+    """Each expert takes at most ceil(f N / E) slots, the first in token order;
     the rest are dropped and counted per layer; a bound never reached changes no bit."""
     free = _expert_bounded(0.0, bias=0.5)
     loose = _expert_bounded(100.0, bias=0.5)
@@ -132,7 +132,7 @@ def _close(a, b):
 
 
 def test_expert_parallel_per_expert_capacity_is_one_process_on_the_whole_batch(capped):
-    """Issue 31: the per-expert cut under expert parallelism keeps the first ceil(f P N / E) slots
+    """The per-expert cut under expert parallelism keeps the first ceil(f P N / E) slots
     of each expert in (rank, token) order, so, with no rank bound reached, 2 ranks compute what
     one process computes on their micro-batches end to end: outputs, input gradients, each rank's
     expert-weight gradients (its slice), the other gradients summed over ranks, and the drops."""

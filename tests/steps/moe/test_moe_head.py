@@ -1,4 +1,4 @@
-"""The head fused with the cross-entropy, chunked over the vocabulary (issue 22 item 4): the
+"""The head fused with the cross-entropy, chunked over the vocabulary: the
 same value and gradients as the plain head and torch's cross-entropy, within 1e-6, for chunks
 that divide the vocabulary, that do not, of one row and of all of it; through the model too."""
 

@@ -161,7 +161,7 @@ def test_interpreter_is_on():
 
 
 def test_the_kernel_module_imports_nothing_of_the_router():
-    """Issue 26 item 4: no import circle; the score code and epsilon arrive as arguments."""
+    """No import circle; the score code and epsilon arrive as arguments."""
     import ast
     import inspect
 

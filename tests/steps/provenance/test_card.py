@@ -1,8 +1,8 @@
-"""Issue 14, item 5: the model card of the laptop voyage (the session's run, tests/conftest.py):
+"""The model card of the laptop voyage (the session's run, tests/conftest.py):
 both sources with their licences and exact token counts, eval beside its baselines, every
 upstream step's digests, the code's version, and the live page's link to it."""
 
-from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # outputs are read in their committed attempt
 import glob
 import json
 import os
@@ -69,7 +69,7 @@ def test_card_holds_the_model_eval_digests_and_code(card):
     removed = {d["step"]: d["removed"] for d in data["data"]["decontamination"]}
     assert removed == {"decontam/kjv": {"raw/kjv": {"heldout": 4}}, "decontam/pydocs": {"raw/pydocs": {"heldout": 2}}}
     assert "| decontam/kjv (removed, 13-grams) | raw/kjv | heldout | 4 | 1,189 |" in md
-    # cross-source dedup (issue 19): its counts as the dedup step recorded them, per pair of sources
+    # cross-source dedup: its counts as the dedup step recorded them, per pair of sources
     dedup = json.load(open(os.path.join(lv.prefix, Store(lv.prefix).served_dir(plan.dag["dedup/corpus"].dirname),
                                         "report.json")))
     (dd,) = data["data"]["deduplication"]

@@ -1,8 +1,8 @@
-"""Issue 14, item 4: which checkpoints saw a document. The answer (the mixture's arithmetic run
+"""Which checkpoints saw a document. The answer (the mixture's arithmetic run
 backwards) is checked against a scan of every sequence's `locate` and against the batches the
 trainer's data loader (steps/train/data.py) yields at the steps it names."""
 
-from executor.storage.store import Store  # issue 20: outputs are read in their committed attempt
+from executor.storage.store import Store  # outputs are read in their committed attempt
 import dataclasses
 import json
 import os
@@ -332,7 +332,7 @@ def test_outputs_missing_or_cut_short_are_one_error(v535, laptop, tmp_path):
         which_saw(plan, "pydocs", ids_of(copy, plan, "raw/pydocs")[5])
 
 
-# -- issue 23, item 2: descendants, separators, the JSON form -------------------------------------
+# -- descendants, separators, the JSON form -------------------------------------
 
 
 def test_midtrain_and_the_export_hold_what_pretrain_saw(laptop, capsys):

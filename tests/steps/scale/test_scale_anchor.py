@@ -94,7 +94,7 @@ def test_offload_moves_the_state_and_charges_its_traffic():
     # moments: both moments each way over C2C beside the update; exposed only past the update
     c2c = next(c for c in plans["moments"].time.collectives if c.link == "host")
     # the two GPUs of a Grace stream theirs at once: its C2C (each way) and its LPDDR5X (both ways)
-    # are shared; the memory is the slower, 4 x 66.7 GB at 410 GB/s (issue 22: 0.65 s, not 0.19 s)
+    # are shared; the memory is the slower, 4 x 66.7 GB at 410 GB/s (0.65 s, not 0.19 s)
     assert c2c.bytes == 8 * params
     assert c2c.seconds == pytest.approx(max(2 * 8 * params / (450e9 * 0.8), 2 * 16 * params / (512e9 * 0.8)))
     assert c2c.seconds == pytest.approx(0.65, abs=0.01)
@@ -124,12 +124,12 @@ def test_the_anchors_micro_batch_is_the_one_its_published_peak_picks():
     from steps.scale.anchor import ANCHOR, ANCHOR_CHECKPOINTING, ANCHOR_MICROBATCH
 
     # through the anchor's stack as assumed: XLA's static allocator (no fragmentation reserve) and
-    # the loss over whole logits (ours is fused and chunked since issue 22)
+    # the loss over whole logits (ours is fused and chunked)
     whole_loss = dataclasses.replace(FULL.model, loss_chunk=FULL.model.vocab_size)
     setup = dataclasses.replace(FULL, efficiency=0.35, model=whole_loss, fragmentation=0.0)
     peaks = {mb: estimate(setup, Choice(EP64, mb, ANCHOR_CHECKPOINTING, "moments")).peak / GIB
              for mb in (1, 2, 4, 8, 16)}
     assert min(peaks, key=lambda mb: abs(peaks[mb] - ANCHOR.peak_gib)) == ANCHOR_MICROBATCH
     # within 5%: one chunk of our fused head keeps 10 bytes a logit where torch's unchunked
-    # cross-entropy (the model before issue 22, 2% off) kept 12
+    # cross-entropy (the model before the chunked loss, 2% off) kept 12
     assert abs(peaks[ANCHOR_MICROBATCH] / ANCHOR.peak_gib - 1) < 0.05

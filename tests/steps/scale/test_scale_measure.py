@@ -115,7 +115,7 @@ def test_measured_plan_agrees_with_the_closed_form():
 
 @pytest.mark.slow_tier  # two measurements of the small preset (~6 s of CPU)
 def test_a_measured_miss_falls_back_to_the_next_plan_that_fits():
-    """Issue 31: when the search's choice fits by its closed form but not measured, the next
+    """When the search's choice fits by its closed form but not measured, the next
     plan by step time that fits is measured and taken (not exit 2), and the one passed over is
     named. The target sits between the choice's closed-form and measured peaks (the trace
     finds a few bytes more than the formula here)."""

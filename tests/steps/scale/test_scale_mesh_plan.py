@@ -113,15 +113,15 @@ def test_eight_gpus_name_the_memory_they_lack():
 
 
 def test_the_search_picks_one_expert_mesh_a_rack():
-    """Issue 12's targets, by the closed form: under 140 GiB with 5% kept (issue 31), and a step
+    """The memory and speed targets, by the closed form: under 140 GiB with 5% kept, and a step
     no slower than the anchor's 17.0 s at the efficiency calibrated on the anchor itself. With
     kept activations at the 1.25 cap and NCCL's documented buffers, EP64 at micro-batch 1 with
-    selective checkpointing (issue 22's choice) is within the 5% margin and refused: the expert
+    selective checkpointing (the earlier choice) is within the 5% margin and refused: the expert
     mesh is EP8 x efsdp 8 inside each rack's 64 GPUs, with full checkpointing."""
     plan, alternatives = pick(FULL)
     m = plan.choice.mesh
     assert (m.dp_replicate, m.dp_shard) == (11, 64) and m.ep in (8, 16, 32, 64) and plan.ranks == 704
-    # issue 22: the distributed optimizer across the 11 racks' replicas beats the moments on the host
+    # the distributed optimizer across the 11 racks' replicas beats the moments on the host
     assert plan.choice.offload == "replicas" and plan.host == 0
     assert plan.peak < 0.95 * 140 * GIB and plan.time.total < 17.0
     assert plan.time.efficiency == FULL.calibration.efficiency
@@ -180,12 +180,12 @@ def test_more_memory_is_refused_by_the_limit():
 def test_the_memory_target_is_a_setting_enforced_with_its_margin():
     from steps.scale.table import memory_table
 
-    # issue 22: at 90% of 186 GB, `--offload none` picked a 147 GiB plan and called it "fits"
+    # at 90% of 186 GB, `--offload none` picked a 147 GiB plan and called it "fits"
     chosen = {}
-    for target in (150.0, 170.0):  # at 140 with 5% kept, no plan with Adam on the GPU fits (issue 31)
+    for target in (150.0, 170.0):  # at 140 with 5% kept, no plan with Adam on the GPU fits
         setup = dataclasses.replace(FULL, memory_target_gib=target)
         plan, alternatives = pick(setup, offload="none")
-        assert all(p.peak <= 0.95 * target * GIB for p in alternatives)  # 5% kept (issue 31)
+        assert all(p.peak <= 0.95 * target * GIB for p in alternatives)  # 5% kept
         chosen[target] = plan.peak
         text = "\n".join(memory_table(plan))
         margin = target * GIB - plan.peak
@@ -207,7 +207,7 @@ def test_the_memory_target_is_a_setting_enforced_with_its_margin():
 def test_fragmentation_and_nccl_have_lines_of_their_own():
     plan = estimate(FULL, Choice(Mesh(11, 64, 64), 1, "selective", "moments"))
     rows = {r.name: r.bytes for r in plan.rows}
-    # issue 31: NCCL's buffers from its documented sizes: 63 all-to-all peers, a send and a receive
+    # NCCL's buffers from its documented sizes: 63 all-to-all peers, a send and a receive
     # connection each on 2 channels of NCCL_BUFFSIZE (4 MiB); three 64- and 11-rank communicators'
     # rings, 32 channels to two neighbours, SIMPLE + LL128 + LL buffers each
     p2p, rings = 63 * 2 * 2 * 4 * 2**20, 3 * 2 * 32 * (4 + 4.7 + 0.5) * 2**20
@@ -291,7 +291,7 @@ def test_the_memory_model_uses_the_rank_capacity_and_the_plan_names_the_skew():
 
 
 def test_the_dispatch_host_syncs_are_counted():
-    """Issue 31 item 5: one sync a block and micro-batch, again in a recompute; printed beside
+    """One sync a block and micro-batch, again in a recompute; printed beside
     the step, not charged to it."""
     from steps.scale.table import HOST_SYNC_S, comm_table, host_syncs
 

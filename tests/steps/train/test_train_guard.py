@@ -8,7 +8,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -227,13 +226,13 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_the_run_resumes_from_the_pre
 def test_a_refused_checkpoint_is_never_tried_twice(mix, clean, tmp_path, caplog):
     import shutil
 
-    from executor import StepContext
+    from executor.testing import build_context
     from steps.train.loop import Trainer
     from steps.train.pretrain import prepare
 
     shutil.copytree(clean.output, tmp_path / "pre")
     _corrupt(checkpoint.folder(str(tmp_path / "pre"), 20))
-    ctx = StepContext(name="pre", output=str(tmp_path / "pre"), digest="0" * 64)
+    ctx = build_context(str(tmp_path / "pre"), name="pre", digest="0" * 64)
     trainer = Trainer(prepare(_config(mix), ctx, "pretrain"))
     try:
         found = [f for f in checkpoint.list_checkpoints(ctx.output) if f.step <= 20]  # what a rewind at 20 may use

@@ -108,7 +108,7 @@ def test_killed_run_resumes_bitwise(whole, tmp_path):
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
     rows = [json.loads(line)["step"] for line in open(tmp_path / "resumed/metrics.jsonl")]
     assert rows == sorted(set(rows)) and rows[-1] == 46  # cut back to step 14, then continued
-    # Issue 13 item 11: the same artifacts byte for byte (DCP's .metadata without its per-save uuid
+    # the same artifacts byte for byte (DCP's .metadata without its per-save uuid
     # and path; timings and nodes in run.json, a declared log), so the output digests agree and an
     # identical rerun cuts off downstream; the logs differ and are listed without a checksum.
     manifests = [Store(os.path.dirname(d)).manifest(os.path.basename(d), pretrain.is_log)
@@ -192,7 +192,8 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     complete, B takes the lease over. A stops there (LeaseLost; step 14 never counts), B resumes
     the folder from step 7 and finishes with A's uninterrupted result, and A, waking again, stops
     before it deletes or writes a byte of B's output."""
-    from executor import LeaseLost, StepContext
+    from executor import LeaseLost
+    from executor.testing import build_context
     from executor.context import LeaseRef
     from executor.storage.lease import Leases, Owner
 
@@ -204,8 +205,7 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     lease_a, _ = leases_a.try_acquire(dirname)
 
     def ctx(token):
-        return StepContext(name="pre", output=str(out), digest=("pre" * 64)[:64], resumable=True,
-                           lease=LeaseRef(str(tmp_path), dirname, token, 60.0))
+        return build_context(str(out), name="pre", digest=("pre" * 64)[:64], resumable=True, lease=LeaseRef(str(tmp_path), dirname, token, 60.0))
 
     a = ctx(lease_a.token)
     fenced, taken = a.fenced, []
@@ -239,7 +239,7 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
 
 
 def test_drops_past_the_per_expert_capacity_reach_the_metrics_and_the_log(tokens, tmp_path, caplog):
-    """Issue 31 item 4, through the trainer: a per-expert capacity of 1.0 on one worker drops
+    """Per-expert capacity through the trainer: a per-expert capacity of 1.0 on one worker drops
     assignments; the metrics row counts them (moe_dropped, its share), health splits them by
     layer, the step's results keep the largest share, and a share above trainer.moe_drop_warn
     is logged as a warning."""

@@ -1,4 +1,4 @@
-"""Issue 31 item 3, the trainer's side of the plan's memory assumptions: the CUDA allocator's
+"""The trainer's side of the plan's memory assumptions: the CUDA allocator's
 expandable segments (the 5% fragmentation reserve assumes them) and the fp32 gradient
 accumulators of the distributed optimizer allocated before the first forward."""
 

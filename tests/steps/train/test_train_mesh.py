@@ -1,4 +1,4 @@
-"""Meshes with real processes over gloo: the same numerics on any mesh (issue 12, items 1 and 4)
+"""Meshes with real processes over gloo: the same numerics on any mesh
 and topology-aware ranks on a real Ray cluster (item 3).
 
 Twenty steps of the tiny preset, 16 sequences a step, on: one process; 4 processes as ep=4
@@ -9,7 +9,7 @@ uses when Ray is not running. Every run is the real Trainer, from a model built 
 sharded there and initialized by parameter name. Then the ep=4 run's step-10 checkpoint is
 loaded on the HSDP mesh, on 2 processes as ep=2 (which resume from it and train on), and on one
 process (which resumes too). The same HSDP mesh with AdamW sharded over its replicas
-(`offload="replicas"`, issue 22) trains from scratch and is held to one process in loss,
+(`offload="replicas"`) trains from scratch and is held to one process in loss,
 gradient norm and weights; one process resumes from its step-10 checkpoint. In bf16, on 2
 processes as dp_replicate 2, it is held to plain bf16 HSDP and its checkpoint to its fp32 masters.
 
@@ -45,7 +45,7 @@ TOLERANCE = 1e-5  # relative difference of a step's loss
 # the difference over the norm), and the replica-sharded optimizer the same to two digits.
 NORM_TOLERANCE = 2e-4
 WEIGHT_TOLERANCE = 2e-4
-# bf16 (issue 22): the distributed optimizer against plain bf16 HSDP on the same 2 processes,
+# bf16: the distributed optimizer against plain bf16 HSDP on the same 2 processes,
 # measured 0 on losses, 5e-7 on norms, 3.5e-8 on weights after 20 steps. Against one fp32 process
 # either is 2.7e-3 off in loss by step 20, its norms 16% apart at step 5 and 10x at a step-12
 # spike of the bf16 runs only (bf16 compute, not the optimizer): held to bf16 HSDP, the
@@ -86,7 +86,7 @@ def runs(tokens, racks, tmp_path_factory):
     ckpt = f"{out['ep4']}/checkpoints/step-10"
     out["hsdp"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2), microbatch=2),
                            str(root / "hsdp"), 4, load=ckpt)
-    # the distributed optimizer across replicas (issue 22): the HSDP mesh with AdamW's state
+    # the distributed optimizer across replicas: the HSDP mesh with AdamW's state
     # sharded over dp_replicate, from scratch; it loads the ep=4 checkpoint too
     out["replicas"] = run_mesh(config(mix, ParallelConfig(dp_replicate=2, dp_shard=2, ep=2, offload="replicas"),
                                       microbatch=2), str(root / "replicas"), 4, load=ckpt)

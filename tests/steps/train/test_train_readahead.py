@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from executor import StepContext
+from executor.testing import build_context
 from steps.data.formats import TokenShardWriter, write_json
 from steps.data.mixture import MixtureConfig, MixtureSampler, MixtureStage, load_mixture, mixture
 from steps.train.data import Batches
@@ -54,7 +54,7 @@ def manifest():
     # shards of odd sizes, so that windows of 33 tokens straddle shard boundaries
     a = _dataset("rangemem://ra/a", "a", 0, [1000, 517, 2048])
     b = _dataset("rangemem://ra/b", "b", 1, [777, 1500])
-    ctx = StepContext(name="mix", output="rangemem://ra/mix", digest="0" * 64)
+    ctx = build_context("rangemem://ra/mix", name="mix", digest="0" * 64)
     mixture(MixtureConfig(datasets={"a": a, "b": b}, token_budget=320 * 33, seq_len=33, block_size=32,
                           stages=(MixtureStage(0.5, {"a": 0.7, "b": 0.3}), MixtureStage(0.5, {"a": 0.2, "b": 0.8}))), ctx)
     return load_mixture("rangemem://ra/mix/mixture.json")
