@@ -199,7 +199,23 @@ def laptop_copy(laptop_voyage, tmp_path) -> str:
 # first: a worker that started a 2-minute group last would finish alone. The modules that only read
 # the session's laptop run go last: by then the worker that runs it (test_535b.py's group, first)
 # has finished it, and they read its prefix instead of waiting for the lock.
-LONG_FIRST = (  # the slowest groups, slowest first (docs/benchmarks.md, "The test suite")
+LONG_FIRST = (  # the slowest groups of the main tier, slowest first (measured: pytest --durations)
+    "tests/voyages/test_535b.py",
+    "tests/steps/data/test_data_gcs.py",
+    "tests/steps/data/test_pipeline_ray.py",
+    "tests/executor/test_ray_join.py",
+    "tests/executor/test_concurrent.py",
+    "tests/steps/train/test_train_loop.py",
+    "tests/steps/moe/test_moe_bench.py",
+    "tests/steps/train/test_train_watchdog.py",
+    "tests/executor/views/test_browser.py",
+    "tests/steps/train/test_train_guard.py",
+    "tests/steps/ladder/test_law.py",
+    "tests/executor/test_unreachable.py",
+    "tests/executor/test_crash.py",
+    "tests/executor/storage/test_gcs.py",
+    "tests/executor/test_nodes.py",
+)
     "tests/voyages/test_535b.py",
     "tests/steps/train/test_train_mesh.py",
     "tests/steps/train/test_train_ray.py",

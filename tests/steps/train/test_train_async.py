@@ -18,6 +18,8 @@ from steps.train import checkpoint  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
 from steps.train.pretrain import pretrain  # noqa: E402
 
+pytestmark = pytest.mark.slow_tier  # processes killed during an async upload, on two spawned ranks: the slow tier (README)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "../../.."))
 
@@ -49,6 +51,7 @@ sys.path[:0] = [{root!r}, {tests!r}]
 from kits import slowfs; slowfs.register()
 from kits.trainkit import run_step
 from steps.train.pretrain import pretrain
+
 run_step(pretrain, pickle.loads(bytes.fromhex({cfg!r})), {out!r}, name="pre")
 """
 

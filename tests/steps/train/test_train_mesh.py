@@ -39,6 +39,8 @@ from kits.trainkit import make_mixture  # noqa: E402
 
 from steps.train.config import ParallelConfig  # noqa: E402
 
+pytestmark = pytest.mark.slow_tier  # real gloo processes and a 3-node Ray cluster, about 170 s of the main tier's time: the slow tier (README)
+
 TOLERANCE = 1e-5  # relative difference of a step's loss
 # Gradient norms and weights drift further apart than losses between meshes (reduction order):
 # plain HSDP against one process after 20 steps, 6.8e-5 on a norm and 5.1e-5 on a weight (norm of
