@@ -216,21 +216,6 @@ LONG_FIRST = (  # the slowest groups of the main tier, slowest first (measured: 
     "tests/executor/storage/test_gcs.py",
     "tests/executor/test_nodes.py",
 )
-    "tests/voyages/test_535b.py",
-    "tests/steps/train/test_train_mesh.py",
-    "tests/steps/train/test_train_ray.py",
-    "tests/steps/train/test_train_async.py",
-    "tests/executor/test_crash.py",
-    "tests/steps/data/test_data_gcs.py",
-    "tests/executor/storage/test_gcs.py",
-    "tests/steps/train/test_train_watchdog.py",
-    "tests/steps/train/test_train_loop.py",
-    "tests/executor/test_ray_join.py",
-    "tests/executor/test_concurrent.py",
-    "tests/steps/train/test_train_guard.py",
-    "tests/steps/moe/test_moe_bench.py",
-    "tests/executor/test_nodes.py",
-)
 LAST = (  # readers of the laptop run
     "tests/steps/provenance/test_which_saw.py",
     "tests/steps/provenance/test_card.py",
