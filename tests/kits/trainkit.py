@@ -1,7 +1,9 @@
 """Helpers of the training tests: run a step function in-process, tokenize the bundled corpus,
 mix it. The session fixture that uses them is in conftest.py."""
 
+import contextlib
 import pathlib
+import threading
 
 from executor.testing import build_context
 from steps.data.ingest import IngestConfig, ingest
@@ -19,6 +21,27 @@ def run_step(fn, config, output, name="t", lease=None, voyage=""):
     ctx = build_context(str(output), name=name, digest=(name.replace("/", "") * 64)[:64].ljust(64, "0"), lease=lease, resumable=lease is not None, voyage=voyage)
     fn(config, ctx)
     return ctx
+
+
+@contextlib.contextmanager
+def renewed(leases, dirname, lease):
+    """Keeps `lease` renewed every quarter ttl while the block runs, as the executor's driver does
+    for a running attempt (a test that runs a step under a lease nobody renews lets it expire on a
+    slow machine, and the step's fence then rightly stops)."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(leases.ttl / 4):
+            if leases.renew(dirname, lease) is None:
+                return
+
+    thread = threading.Thread(target=beat, name="test-lease-renewer", daemon=True)
+    thread.start()
+    try:
+        yield lease
+    finally:
+        stop.set()
+        thread.join()
 
 
 def build_tokens(root):

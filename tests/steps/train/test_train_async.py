@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from kits.trainkit import make_mixture, run_step  # noqa: E402
+from kits.trainkit import make_mixture, renewed, run_step  # noqa: E402
 
 from steps.train import checkpoint  # noqa: E402
 from steps.train.config import DataConfig, ModelSpec, OptimizerConfig, TrackerConfig, TrainConfig, TrainerConfig  # noqa: E402
@@ -105,13 +105,15 @@ def test_async_saves_on_two_ranks_are_marked_while_training_goes_on(mix, tmp_pat
     store = Store(str(tmp_path))
     old, _ = Leases(store, ttl=60, owner=Owner("a", 1, "run-a")).try_acquire("two")
     Leases(store, ttl=60, owner=Owner("a", 1, "run-a")).release("two", old)
-    new, _ = Leases(store, ttl=60, owner=Owner("b", 2, "run-b")).try_acquire("two")
+    leases_b = Leases(store, ttl=60, owner=Owner("b", 2, "run-b"))
+    new, _ = leases_b.try_acquire("two")
     before = sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "two").rglob("*"))
     resumed = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fail_after_steps=0))
     with pytest.raises(LeaseLost):
         run_step(pretrain, resumed, tmp_path / "two", name="pre", lease=LeaseRef(str(tmp_path), "two", old.token, 60))
     assert sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "two").rglob("*")) == before
-    done = run_step(pretrain, resumed, tmp_path / "two", name="pre", lease=LeaseRef(str(tmp_path), "two", new.token, 60))
+    with renewed(leases_b, "two", new):  # B's driver keeps its lease while the attempt runs
+        done = run_step(pretrain, resumed, tmp_path / "two", name="pre", lease=LeaseRef(str(tmp_path), "two", new.token, 60))
     assert done.results["final_step"] == 21
     assert checkpoint.read_run(checkpoint.list_checkpoints(str(tmp_path / "two"))[-1].url)["verified"]["sampled"]
 

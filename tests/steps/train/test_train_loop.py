@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from kits.trainkit import make_mixture, run_step, wandb_runs  # noqa: E402
+from kits.trainkit import make_mixture, renewed, run_step, wandb_runs  # noqa: E402
 
 from executor import VoyageError  # noqa: E402
 from executor.storage.store import Store, output_digest  # noqa: E402
@@ -227,7 +227,8 @@ def test_an_attempt_whose_lease_is_taken_over_stops_before_it_writes_into_its_su
     assert not (out / "checkpoints/step-14/meta.json").exists()  # A's upload is there, never counted
 
     b = ctx(taken[0].token)
-    pretrain(cfg, b)
+    with renewed(leases_b, dirname, taken[0]):  # B's driver keeps its lease while the attempt runs
+        pretrain(cfg, b)
     assert [f.step for f in checkpoint.list_checkpoints(str(out))] == [42, 46]
     (s1, w1), (s2, w2) = _weights(whole.output), _weights(str(out))
     assert s1 == s2 == 46 and all(torch.equal(w1[k], w2[k]) for k in w1)
