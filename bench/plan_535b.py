@@ -149,7 +149,8 @@ def sensitivity(setup, choice) -> None:
     print(f"{'reading':44s}{'efficiency':>11}{'anchor peak':>13}{'chosen step':>13}{'vs 17.0 s':>10}{'MFU':>8}")
     for name, kw in readings:
         c = calibrate(hw, setup.mfu, setup.load_mean, setup.context, **kw)
-        anchor_mem = estimate(dataclasses.replace(setup, efficiency=c.efficiency),
+        theirs = dataclasses.replace(setup.model, router_weights_on_experts=False)  # as torchtitan: after the combine
+        anchor_mem = estimate(dataclasses.replace(setup, model=theirs, efficiency=c.efficiency),
                               Choice(Mesh(11, 64, 64), c.microbatch, c.checkpointing, "moments"))
         p = estimate(dataclasses.replace(setup, efficiency=c.efficiency), choice)
         print(f"{name:44s}{c.efficiency:11.1%}{anchor_mem.peak / GIB:9.1f} GiB{p.time.total:11.2f} s"

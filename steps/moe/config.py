@@ -40,6 +40,11 @@ class MoEConfig:
     # (moe_dropped, per layer in health). 0: no per-expert bound. Under expert parallelism N is the
     # group's slots and the cut is taken before rank_capacity_factor's (steps/moe/expert_parallel.py).
     expert_capacity_factor: float = 0.0
+    # Where each routed row is scaled by its router weight: True, on the expert side right after
+    # w2 (the weights travel with the dispatch), so the backward never reads the combine's output
+    # and no checkpointing mode keeps it; False, after the combine on the token's rank (the older
+    # formulation: its output kept for the weights' gradient, N*D per block). Same numbers.
+    router_weights_on_experts: bool = True
     # The head and the cross-entropy run fused, this many vocabulary rows at a time: no [T, V]
     # logits are ever whole (steps/moe/head.py); the same value and gradient as unchunked.
     loss_chunk: int = 8192

@@ -17,10 +17,16 @@ forward on every rank of the group:
    is the reverse all-to-all);
 4. regroup the received rows (source rank major) by local expert, each group padded to
    `expert_align`, run the three grouped GEMMs on the local expert weights, gather the rows back;
-5. return every row to the rank it came from with the reverse all-to-all, and compute the shared
+5. scale each row by its router weight right after w2, on the expert side (the weights are sent
+   with the tokens in step 3: a second all-to-all of one fp32 value a row, whose backward returns
+   their gradients), so that the backward never reads the combine's output: no checkpointing
+   mode keeps it (N*D bf16 a block, about 18 GiB at 535B under selective checkpointing), and a
+   recompute does not send it again (`MoEConfig.router_weights_on_experts`; False: the weights
+   applied after the combine, as torchtitan does, kept for comparison);
+6. return every row to the rank it came from with the reverse all-to-all, and compute the shared
    experts while it is in flight (the collective is issued asynchronously and waited for only
-   when its rows are read, as torchtitan overlaps them); then un-sort, sum each token's K outputs
-   weighted by the router in a fixed order, and add the shared experts' output.
+   when its rows are read, as torchtitan overlaps them); then un-sort, sum each token's K rows
+   in a fixed order, and add the shared experts' output.
 
 Capacity (`MoEConfig.rank_capacity_factor`, f > 0): dropless up to f times the mean rows a rank
 receives (every rank sends N slots, so the mean is N), bounded past it. Step 2 then all-gathers
@@ -50,7 +56,48 @@ import math
 import torch
 from torch import Tensor
 
-from steps.moe.model import MoE, _Dispatch, _recomputing, expert_capacity, expert_ffn, expert_layout, local_weight
+from steps.moe.model import (
+    MoE,
+    _Dispatch,
+    _Place,
+    _recomputing,
+    expert_capacity,
+    expert_ffn,
+    expert_layout,
+    local_weight,
+    weighted_sum,
+)
+
+
+@torch.library.custom_op("marin_voyage::expert_combine", mutates_args=())
+def expert_combine(y_RD: Tensor, send: list[int], recv: list[int], group_name: str, again: bool) -> Tensor:
+    """The combine all-to-all: every row back to the rank it came from (`send` rows come back,
+    `recv` go out), issued and not waited for (torch.ops._c10d_functional.wait_tensor when its rows
+    are read). One opaque op, so that selective checkpointing sees the same op sequence in the
+    recompute as in the forward; `again` (the block recomputed in the backward) sends nothing and
+    returns zeros of the shape, which is right where no backward reads the output: the router
+    weights applied on the expert side. The backward returns the gradients with the reverse
+    all-to-all."""
+    if again:
+        return y_RD.new_zeros(sum(send), y_RD.shape[1])
+    return torch.ops._c10d_functional.all_to_all_single(y_RD.contiguous(), send, recv, group_name)
+
+
+@expert_combine.register_fake
+def _(y_RD, send, recv, group_name, again):
+    return y_RD.new_empty(sum(send), y_RD.shape[1])
+
+
+def _combine_setup(ctx, inputs, output):
+    _y, ctx.send, ctx.recv, ctx.group_name, _again = inputs
+
+
+def _combine_backward(ctx, dy_ND):
+    dy_RD = torch.ops._c10d_functional.all_to_all_single(dy_ND.contiguous(), ctx.recv, ctx.send, ctx.group_name)
+    return torch.ops._c10d_functional.wait_tensor(dy_RD), None, None, None, None
+
+
+expert_combine.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
 def _splits(sent_Pe: Tensor, got_Pe: Tensor) -> tuple[list[int], list[int]]:
@@ -96,6 +143,7 @@ class AllToAllExperts:
         order_N = torch.argsort(flat_N, stable=True)
         pos_N = torch.empty_like(order_N)
         rank_f, expert_f = moe.cfg.rank_capacity_factor, moe.cfg.expert_capacity_factor
+        on_experts = moe.cfg.router_weights_on_experts
         factor = rank_f or expert_f
         if factor:
             sent_Pe, got_Pe = self._bounded_counts(counts_E, math.ceil(rank_f * N) if rank_f else 0,
@@ -110,6 +158,8 @@ class AllToAllExperts:
             n_kept = sum(send)
             pos_N[order_N] = torch.where(kept_N, torch.cumsum(kept_N, 0) - 1, n_kept)  # dropped: a spare row
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), n_kept + 1)[:n_kept]
+            # a dropped slot's weight lands on the spare row, cut off: not sent, no gradient
+            w_N = _Place.apply(w_TK.reshape(-1), pos_N, n_kept + 1)[:n_kept] if on_experts else None
             if moe.training and not _recomputing():
                 moe.routed_slots += N
                 moe.dropped_slots += N - n_kept
@@ -117,23 +167,36 @@ class AllToAllExperts:
             sent_Pe = counts_E.view(P, e)
             pos_N[order_N] = torch.arange(N, device=flat_N.device)  # slot -> row of the send buffer
             x_ND = _Dispatch.apply(x_TD, pos_N.view(T, K), N)
+            w_N = _Place.apply(w_TK.reshape(-1), pos_N, N) if on_experts else None
             got_Pe = all_to_all_single(sent_Pe.contiguous(), None, None, group=self.group)
             got_Pe = torch.ops._c10d_functional.wait_tensor(got_Pe)
             send, recv = _splits(sent_Pe, got_Pe)
         self.received = sum(recv)  # rows this rank's experts took in its last forward
         x_RD = all_to_all_single_autograd(x_ND, recv, send, self.group)
+        # the router weights travel with the tokens (fp32, one value a row; the backward sends their
+        # gradients home), so the experts scale their rows after w2
+        w_R = all_to_all_single_autograd(w_N, recv, send, self.group) if on_experts else None
 
         expert_R = torch.repeat_interleave(torch.arange(e, device=x_TD.device).repeat(P), got_Pe.reshape(-1),
                                            output_size=sum(recv))
         row_R, offs_e, n_rows = expert_layout(expert_R[:, None], got_Pe.sum(0), moe.cfg.expert_align)
         x_QD = _Dispatch.apply(x_RD, row_R[:, None], n_rows)
-        y_QD = expert_ffn(x_QD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF), offs_e)
-        y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)  # issued, not waited for
+        w_Q = _Place.apply(w_R, row_R, n_rows) if on_experts else None
+        y_QD = expert_ffn(x_QD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF), offs_e,
+                          w_Q)
+        if on_experts:
+            # No backward reads the combine's output (the weights were applied before it; a gather
+            # and a sum need no values): selective checkpointing does not keep it, and a recompute
+            # does not send the rows again (expert_combine)
+            y_ND = expert_combine(y_QD[row_R], send, recv, self.group.group_name, _recomputing())
+        else:  # kept for the weights' gradient (selective: as a collective's output)
+            y_ND = all_to_all_single_autograd(y_QD[row_R], send, recv, self.group)  # issued, not waited for
         shared_TD = beside() if beside is not None else None  # overlaps the combine all-to-all
+        if on_experts:
+            y_ND = torch.ops._c10d_functional.wait_tensor(y_ND)
         if factor:  # a zero row for the dropped slots
             y_ND = torch.nn.functional.pad(y_ND, (0, 0, 0, 1))
-        y_TKD = y_ND[pos_N].view(T, K, -1)  # the wait
-        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        out_TD = weighted_sum(y_ND, pos_N.view(T, K), None if on_experts else w_TK)  # the wait
         return out_TD if shared_TD is None else out_TD + shared_TD
 
 

@@ -193,13 +193,45 @@ def local_weight(w: Tensor) -> Tensor:
     return w.to_local() if hasattr(w, "to_local") else w
 
 
-def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, offs_E: Tensor) -> Tensor:
-    """SwiGLU of each expert's group of rows of the expert-sorted buffer: three grouped GEMMs."""
+def expert_ffn(x_PD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, offs_E: Tensor,
+               w_P: Tensor | None = None) -> Tensor:
+    """SwiGLU of each expert's group of rows of the expert-sorted buffer: three grouped GEMMs;
+    with `w_P` (each row's router weight, 0 on padding rows), each output row scaled by it."""
     # grouped_mm wants each expert's matrix column-major: pass [E, D, F] views of [E, F, D].
     h_PF = F.silu(torch._grouped_mm(x_PD, w1_EFD.transpose(-2, -1), offs=offs_E))
     h_PF = h_PF * torch._grouped_mm(x_PD, w3_EFD.transpose(-2, -1), offs=offs_E)
     with output_projection():
-        return torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
+        y_PD = torch._grouped_mm(h_PF, w2_EDF.transpose(-2, -1), offs=offs_E)
+    # The product reads w2's output in its backward: selective checkpointing recomputes that
+    # output anyway (it is an output projection), so nothing more is kept than before.
+    return y_PD if w_P is None else y_PD * w_P.to(y_PD.dtype).unsqueeze(-1)
+
+
+class _Place(torch.autograd.Function):
+    """Each slot's value (a router weight) to its row of a buffer of `n_rows`, the other rows
+    zero; the backward gathers the rows' gradients back (a permutation: no sum, reproducible).
+    Rows past the buffer's useful part (the dropped slots' spare row) get no gradient once cut."""
+
+    @staticmethod
+    def forward(ctx, v_N: Tensor, row_N: Tensor, n_rows: int) -> Tensor:
+        ctx.save_for_backward(row_N)
+        v_P = v_N.new_zeros(n_rows)
+        v_P.index_put_((row_N,), v_N)
+        return v_P
+
+    @staticmethod
+    def backward(ctx, dv_P: Tensor):
+        (row_N,) = ctx.saved_tensors
+        return dv_P[row_N], None, None
+
+
+def weighted_sum(y_RD: Tensor, row_TK: Tensor, w_TK: Tensor | None) -> Tensor:
+    """Each token's K rows of `y_RD` summed in a fixed order; times the router weights first when
+    they were not applied on the expert side (`w_TK`; MoEConfig.router_weights_on_experts False)."""
+    y_TKD = y_RD[row_TK]
+    if w_TK is not None:
+        y_TKD = y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)
+    return y_TKD.sum(1)
 
 
 def expert_capacity(factor: float, slots: int, n_experts: int) -> int:
@@ -211,7 +243,8 @@ def expert_capacity(factor: float, slots: int, n_experts: int) -> int:
 
 class LocalExperts:
     """Every routed expert on this rank: tokens copied into the expert-sorted, padded buffer,
-    three grouped GEMMs, gathered back and weighted by the router. `beside` (the shared experts)
+    three grouped GEMMs, each row scaled by its router weight after w2 (or, with
+    `router_weights_on_experts` False, after the rows are gathered back), summed per token. `beside` (the shared experts)
     is computed after and added: routed + shared, in that order on every path."""
 
     def __call__(self, moe: "MoE", x_TD: Tensor, w_TK: Tensor, idx_TK: Tensor, counts_E: Tensor,
@@ -222,10 +255,11 @@ class LocalExperts:
             return self._bounded(moe, x_TD, w_TK, idx_TK, counts_E, beside, expert_capacity(factor, T * K, counts_E.numel()))
         row_N, offs_E, n_rows = expert_layout(idx_TK, counts_E, moe.cfg.expert_align)
         x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows)
+        on_experts = moe.cfg.router_weights_on_experts
+        w_P = _Place.apply(w_TK.reshape(-1), row_N, n_rows) if on_experts else None
         y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
-                          offs_E)
-        y_TKD = y_PD[row_N].view(T, K, -1)
-        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+                          offs_E, w_P)
+        out_TD = weighted_sum(y_PD, row_N.view(T, K), None if on_experts else w_TK)
         return out_TD if beside is None else out_TD + beside()
 
     @staticmethod
@@ -250,14 +284,16 @@ class LocalExperts:
         row_N = torch.empty_like(order_N)
         row_N[order_N] = torch.where(kept_sorted, (offs_E - padded_E)[sorted_N] + rank_N, n_rows)
         x_PD = _Dispatch.apply(x_TD, row_N.view(T, K), n_rows + 1)[:n_rows]
+        on_experts = moe.cfg.router_weights_on_experts
+        # a dropped slot's weight lands on the spare row, cut off: no output, no gradient
+        w_P = _Place.apply(w_TK.reshape(-1), row_N, n_rows + 1)[:n_rows] if on_experts else None
         y_PD = expert_ffn(x_PD, local_weight(moe.w1_EFD), local_weight(moe.w3_EFD), local_weight(moe.w2_EDF),
-                          offs_E)
+                          offs_E, w_P)
         y_PD = torch.cat([y_PD, y_PD.new_zeros(1, y_PD.shape[1])])  # the dropped slots' zero row
-        y_TKD = y_PD[row_N].view(T, K, -1)
         if moe.training and not _recomputing():
             moe.routed_slots += N
             moe.dropped_slots += N - kept_sorted.sum()
-        out_TD = (y_TKD * w_TK.to(y_TKD.dtype).unsqueeze(-1)).sum(1)
+        out_TD = weighted_sum(y_PD, row_N.view(T, K), None if on_experts else w_TK)
         return out_TD if beside is None else out_TD + beside()
 
 

@@ -8,11 +8,18 @@ over keys a mask discards, and the recompute of activation checkpointing. Commun
 optimizer take their own time, less what overlaps. `steps/scale/anchor.py` solves for the
 efficiency that makes the anchor's configuration take its published step.
 
+Host syncs: the expert dispatch reads its split sizes on the host once a block and micro-batch,
+again in a recompute; each costs `Hardware.host_sync_us` of idle GPU (assumed) and is charged to
+the step (`StepTime.host_sync`).
+
 Collectives (steps/train/parallel.py, steps/moe/expert_parallel.py):
 - expert all-to-all, inside a rack on NVLink: per layer and micro-batch, dispatch and combine
-  in the forward, their reverses in the backward, and the forward pair again in a `full`
-  recompute (selective keeps their outputs); each moves a rank's N*D bf16 rows, all but the 1/ep
-  that stay, at the busiest rank's load. The forward combine is issued asynchronously and runs
+  in the forward, their reverses in the backward, and the dispatch again in a `full` recompute
+  (selective keeps its output; the combine is not sent again, no backward reads its output with
+  the router weights applied on the expert side; the older formulation, `Stack.weights_on_experts`
+  False, sends the pair again); each moves a rank's N*D bf16 rows, all but the 1/ep that stay, at
+  the busiest rank's load. Beside the dispatch, the router weights (one fp32 a row) and their
+  gradients back: small, latency-bound, exposed. The forward combine is issued asynchronously and runs
   while the shared experts compute (`Stack.combine_beside_shared`); the dispatch is needed
   right away, and the backward's all-to-alls wait as they are issued (torch's autograd function
   for the functional all-to-all waits on its output): exposed.
@@ -65,6 +72,12 @@ class Stack:
     name: str
     capacity_factor: float = 0.0  # 0: dropless; else every expert's rows are padded (or cut) to this x the mean
     combine_beside_shared: bool = True  # the forward's combine all-to-all runs while the shared experts compute
+    # the router weights applied on the expert side after w2 (MoEConfig.router_weights_on_experts):
+    # they travel with the dispatch (a small fp32 all-to-all each way), and a `full` recompute does
+    # not send the combine again, since no backward reads its output
+    weights_on_experts: bool = False
+    # the dispatch reads its split sizes on the host (dynamic shapes; XLA's static ones do not)
+    dispatch_host_sync: bool = False
     window_over_all_keys: bool = True  # sliding-window layers run a dense masked kernel over every key
 
 
@@ -72,7 +85,7 @@ class Stack:
 # experts computed while the combine is in flight, and sliding-window layers through SDPA's
 # memory-efficient kernel with a boolean band mask, which computes every key block (docs/moe.md:
 # a block-sparse kernel that skips them is the later fix).
-OURS = Stack("this trainer")
+OURS = Stack("this trainer", weights_on_experts=True, dispatch_host_sync=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -147,6 +160,12 @@ class StepTime:
     recompute: float  # FLOPs of the checkpointing mode (with its share of the two above)
     collectives: tuple[Collective, ...]
     optimizer: float  # the AdamW update and clipping, where it runs (GPU: HBM-bound; host: CPU)
+    host_syncs: int = 0  # device-to-host syncs of the expert dispatch a step (the split sizes)
+    host_sync_each: float = 0.0  # seconds of idle GPU each (Hardware.host_sync_us)
+
+    @property
+    def host_sync(self) -> float:
+        return self.host_syncs * self.host_sync_each
 
     @property
     def executed(self) -> float:
@@ -159,7 +178,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.executed + self.exposed + self.optimizer
+        return self.executed + self.exposed + self.optimizer + self.host_sync
 
 
 flops_per_token = functools.lru_cache(maxsize=256)(_flops_per_token)
@@ -211,20 +230,32 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
         moved = min(load, stack.capacity_factor) if stack.capacity_factor else load
         per_call = BF16 * mb_tokens * cfg.top_k * cfg.dim * _ring(mesh.ep) * moved
         t_call = per_call / link_s + lat
+        on_experts = stack.weights_on_experts and getattr(cfg, "router_weights_on_experts", True)
         sends = 2 if checkpointing == "full" else 1  # forward passes that send tokens
-        calls = L * micro * (2 * sends + 2)
-        beside = L * micro * sends if stack.combine_beside_shared else 0
+        combines = 1 if on_experts else sends  # ... and that send them back (not a recompute, weights applied)
+        calls = L * micro * (sends + combines + 2)
+        beside = L * micro * combines if stack.combine_beside_shared else 0
         shared_fwd = mb_tokens * 2 * 3 * _shared_w2(cfg) / rate  # one layer's shared experts, forward
         exposed = (calls - beside) * t_call + beside * max(0.0, t_call - shared_fwd)
+        # the router weights with the dispatch (one fp32 a row) and their gradients back: exposed
+        w_call = FP32 * mb_tokens * cfg.top_k * _ring(mesh.ep) * moved if on_experts else 0.0
+        t_w = w_call / link_s + lat if on_experts else 0.0
+        w_calls = L * micro * (sends + 1) if on_experts else 0
         # one block of one micro-batch: the link time of its all-to-alls and what of it the step
-        # waits for, forward (dispatch, combine) and backward (their reverses, a full recompute's pair)
+        # waits for, forward (dispatch, weights, combine) and backward (their reverses, a full
+        # recompute's dispatch and weights, and its combine unless the weights are on the experts)
         combine_exposed = max(0.0, t_call - shared_fwd) if stack.combine_beside_shared else t_call
-        a2a_fwd = (2 * t_call, t_call + combine_exposed)
-        a2a_bwd = (2 * t_call * (1 + (sends == 2)), 2 * t_call + (t_call + combine_exposed) * (sends == 2))
+        again = sends == 2
+        a2a_fwd = (2 * t_call + t_w, t_call + combine_exposed + t_w)
+        a2a_bwd = (2 * t_call + t_w + again * (t_call + t_w + (combines == 2) * t_call),
+                   2 * t_call + t_w + again * (t_call + t_w + (combines == 2) * combine_exposed))
         overlap = ("the forward's combine: the shared experts; the rest none (needed next)"
                    if beside else "none: its tokens are needed next")
         out.append(Collective("expert all-to-all", "nvlink", f"ep {mesh.ep}", calls * per_call, calls,
                               calls * t_call, exposed, overlap))
+        if on_experts:
+            out.append(Collective("router weights all-to-all (fp32)", "nvlink", f"ep {mesh.ep}", w_calls * w_call,
+                                  w_calls, w_calls * t_w, w_calls * t_w, "none: with the dispatch, needed after w2"))
 
     sh = sh or shards(cfg, mesh)
     dense_full = sh.dense_per_block * mesh.dp_shard
@@ -316,5 +347,9 @@ def step_time(cfg: Any, mesh: Mesh, hw: Hardware, *, context: int, share: int, m
         seconds = hw.host_seconds(moved, moved)  # the Grace's other GPU streams its moments at once
         out.append(Collective("Adam moments host <-> GPU", "host", "NVLink-C2C", moved, 2, seconds,
                               max(0.0, seconds - optimizer), "the update (side stream, double-buffered)"))
+    # the dispatch's one device-to-host sync a block and micro-batch (the split sizes), again in a
+    # recompute (the block's Python runs again even where the collectives' outputs are kept)
+    syncs = L * micro * (1 if checkpointing == "none" else 2) if ep and stack.dispatch_host_sync else 0
     return StepTime(efficiency=efficiency, compute=compute, routed_extra=routed_extra, masked_attention=masked,
-                    recompute=recompute, collectives=tuple(out), optimizer=optimizer)
+                    recompute=recompute, collectives=tuple(out), optimizer=optimizer, host_syncs=syncs,
+                    host_sync_each=hw.host_sync_us * 1e-6)

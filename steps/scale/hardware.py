@@ -35,6 +35,12 @@ class Hardware:
     # (the rest: the OS, the data loader, Ray, checkpoint staging)
     link_efficiency: float = 0.8  # share of a link's rate a collective reaches (bus bandwidth)
     collective_latency_us: float = 20.0  # fixed cost of one collective call
+    # One device-to-host sync (the expert dispatch's split sizes): the GPU drains its queue, the
+    # small copy comes back, and the GPU idles until the host launches the next kernels. Assumed
+    # (no GPU has measured it here): a few us for the copy's round trip plus about ten launches'
+    # worth of host time (~2-3 us each) before the queue runs ahead again; bench/gpu_block_memory.py's
+    # time per block includes the real one.
+    host_sync_us: float = 30.0
     cuda_context_gb: float = 1.5  # CUDA context, kernels' modules and cuBLAS / cuDNN workspaces (assumed)
     # NCCL's own buffers: steps/scale/memory.py nccl_bytes, from NCCL's documented sizes
 

@@ -143,24 +143,46 @@ def kept_bytes(cfg: Any, layer: int, t: Tokens, mode: str) -> int:
     HA, GA, H = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
     Fs = cfg.n_shared_experts * cfg.shared_expert_dim
     T, N, Q = t.T, t.N, t.Q
+    on_experts = getattr(cfg, "router_weights_on_experts", True)
     if mode == "full":
         return BF16 * T * D
     if mode == "selective":  # the outputs of steps/train/recompute.py's saved ops, and the input
         mm = T * (HA + 2 * GA) + 2 * T * Fs  # q, k, v; shared gate and up (output projections recomputed)
         grouped = 2 * Q * F  # expert gate and up
         sdpa = BF16 * T * HA + FP32 * H * T  # output, log-sum-exp
-        a2a = BF16 * 2 * N * D + 4 * E if t.ep > 1 else 0  # tokens there and back, counts
+        # the tokens sent (and their router weights, fp32) and the counts; the combine's output
+        # only when the weights are applied after it (combine_kept_bytes)
+        a2a = (BF16 * N * D + (FP32 * N if on_experts else BF16 * N * D) + 4 * E) if t.ep > 1 else 0
         return BF16 * (T * D + mm + grouped) + FP32 * T * E + sdpa + a2a
     if mode != "none":
         raise ValueError(f"checkpointing must be one of {MODES}, got {mode!r}")
     kv = 2 * T * (HA if _windowed(cfg, layer, t.C) else GA)  # keys and values (repeated to H heads under a window)
     mask = BF16 * t.C * t.C if _windowed(cfg, layer, t.C) else 0
     shared = 4 * T * Fs  # w1 and w3 outputs, SiLU, product
-    bf16 = T * D + Q * D + N * D + 4 * Q * F + 2 * T * D + 3 * T * HA + shared + kv + T * K  # input first
+    # the expert path keeps its input rows, 4 [Q, F] and what the router weights multiply with
+    # their weights: w2's output rows [Q, D] on the expert side, else the gathered rows [N, D]
+    weighted = Q * D + Q if on_experts else N * D + T * K
+    bf16 = T * D + Q * D + 4 * Q * F + 2 * T * D + 3 * T * HA + shared + kv + weighted  # input first
     fp32 = 4 * T * D + 2 * T * E + T * K + H * T + 4 * T  # norms' fp32 parts, logits, scores, lse...
     index = T * K + (2 if t.ep > 1 else 1) * N  # top-k indices, slot rows
     offsets = 4 * t.e
     return BF16 * bf16 + FP32 * fp32 + I64 * index + offsets + mask
+
+
+def combine_kept_bytes(cfg: Any, t: Tokens, mode: str) -> int:
+    """Bytes a block keeps when the router weights are applied after the combine all-to-all
+    rather than on the expert side after w2 (MoEConfig.router_weights_on_experts), over what it
+    keeps with them on the expert side: what applying them on the expert side saves (negative:
+    costs). Selective checkpointing under expert parallelism keeps the combine's output, [N, D]
+    bf16, for the weights' gradient, less the fp32 weights sent along; without checkpointing the
+    gathered [N, D] rows replace w2's padded [Q, D] ones; full keeps neither."""
+    import dataclasses
+
+    old = dataclasses.replace(cfg, router_weights_on_experts=False) if hasattr(cfg, "router_weights_on_experts") \
+        else cfg
+    new = dataclasses.replace(cfg, router_weights_on_experts=True) if hasattr(cfg, "router_weights_on_experts") \
+        else cfg
+    return kept_bytes(old, 0, t, mode) - kept_bytes(new, 0, t, mode)
 
 
 def weight_grad_bytes(cfg: Any, mesh: Mesh) -> int:
@@ -176,8 +198,8 @@ def working_bytes(cfg: Any, layer: int, t: Tokens, mode: str, mesh: Mesh) -> int
     record; this is the search's estimate (tests hold it to the trace within 30%)."""
     slots = BF16 * t.N * cfg.dim
     grads = weight_grad_bytes(cfg, mesh)
-    if mode == "none":
-        return grads + slots
+    if mode == "none":  # + the weights' gradient beside w2's kept output rows, router weights on the expert side
+        return grads + slots + (BF16 * t.Q * cfg.dim if getattr(cfg, "router_weights_on_experts", True) else 0)
     recomputed = kept_bytes(cfg, layer, t, "none") - kept_bytes(cfg, layer, t, mode)
     if mode == "full":
         recomputed += BF16 * t.T * cfg.dim  # the input is kept, and the recompute makes its own copy
@@ -209,7 +231,10 @@ def imbalance_bytes(cfg: Any, t: Tokens, mode: str, load_mean: float, load_peak:
     if t.ep == 1:
         return 0
     D, F = cfg.dim, cfg.expert_dim
-    kept_row = {"none": D + 4 * F, "selective": D + 2 * F, "full": 0}[mode]  # elements kept per received row
+    # bf16 elements kept per received row: its copy and the [Q, F] products; with the router
+    # weights on the expert side also w2's output row and the weight (bf16; selective: fp32 as sent)
+    on = getattr(cfg, "router_weights_on_experts", True)
+    kept_row = {"none": D + 4 * F + (D + 1 if on else 0), "selective": D + 2 * F + (2 if on else 0), "full": 0}[mode]
     kept = max(0.0, load_mean - 1) * t.N * cfg.n_layers * kept_row
     working = max(0.0, load_peak - 1) * t.N * 4 * D
     return int(BF16 * (kept + working))

@@ -326,11 +326,12 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
     off = choice.offload
     moments = {"none": 2, "moments": 0, "all": 0, "replicas": 2 / m.dp_replicate}[off] * FP32 * params
     # the distributed optimizer (steps/train/replicas.py): bf16 working weights, fp32 master slices,
-    # an fp32 accumulator of the whole gradient shard and the reduced slice (its own buffer)
+    # an fp32 accumulator of the whole gradient shard, reduce-scattered in place (the reduced slice
+    # is the accumulator's own chunk: no buffer of its own)
     replicas = off == "replicas"
     weights = 0 if off == "all" else (BF16 if replicas else FP32) * params
     master = FP32 * params / m.dp_replicate if replicas else 0
-    grads = 0 if off == "all" else FP32 * params * (1 + (1 / m.dp_replicate if replicas else 0))
+    grads = 0 if off == "all" else FP32 * params
     on_gpu = weights + master + grads + moments
     host = {"none": 0, "moments": 2, "all": 4, "replicas": 0}[off] * FP32 * params
     transit = 3 * FP32 * (sh.dense_per_block + sh.experts_per_block) if off == "all" else 0
@@ -358,8 +359,9 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
             Row("fp32 master weights", master, slices if replicas else "the parameters are their own master"),
             Row("gradients (fp32 shards)", grads,
                 "on the host" if off == "all" else
-                "accumulated in fp32 over the micro-batches, + the reduced 1/"
-                f"{m.dp_replicate} slice" if replicas else
+                "accumulated in fp32 over the micro-batches; the 1/"
+                f"{m.dp_replicate} slice reduce-scattered in place into it (was {FP32 * params / m.dp_replicate / GIB:.2f} GiB "
+                "more in a buffer of its own)" if replicas else
                 "sharded like the parameters (reduce-scatter every micro-batch)"),
             Row("Adam moments (2 x fp32)", moments, moments_note),
             Row(f"activations kept ({cfg.n_layers} blocks x {mb} seq)", kept,
@@ -385,7 +387,31 @@ def estimate(setup: Setup, choice: Choice, acts: Activations | None = None, shar
                 f"{setup.fragmentation:.0%} of the {transient / GIB:.1f} GiB transient peak (assumed; reserved over "
                 f"allocated)"),
             Row("host memory (pinned, not in the peak)", host, where if host else "nothing offloaded"),
+            Row("router weights after w2: saved", weights_saving(), weights_note()),
         )
+
+    def older() -> "MeshPlan | None":
+        """This choice with the router weights applied after the combine (the older formulation),
+        by the closed forms; None where the model has no such setting or already applies them so."""
+        if not getattr(cfg, "router_weights_on_experts", False):
+            return None
+        import dataclasses
+
+        return estimate(dataclasses.replace(setup, model=dataclasses.replace(cfg, router_weights_on_experts=False)),
+                        choice)
+
+    def weights_saving() -> float:
+        o = older()
+        return 0.0 if o is None else o.peak - estimate(setup, choice).peak  # closed form against closed form
+
+    def weights_note() -> str:
+        if older() is None:
+            return "the router weights are applied after the combine (MoEConfig.router_weights_on_experts False)"
+        t = Tokens.of(cfg, mb, setup.context, m.ep)
+        per_block = mem.combine_kept_bytes(cfg, t, choice.checkpointing)
+        return (f"not in the peak: what the weights applied after the combine would add (closed form; negative: costs): the combine's output "
+                f"kept, {per_block / 2**20:,.1f} MiB a block x {cfg.n_layers}, and its share of the reserve "
+                f"(steps/moe/expert_parallel.py)")
 
     def time() -> StepTime:
         return step_time(cfg, m, hw, context=setup.context, share=setup.batch // m.ranks, microbatch=mb,

@@ -85,32 +85,27 @@ def comm_table(plan: MeshPlan) -> list[str]:
         f"    {'optimizer update (AdamW and clipping, ' + where + ')':66s}{t.optimizer:17.2f} s",
         *host_sync_lines(plan),
         f"    {'step':66s}{t.total:17.2f} s   = computing {t.executed:.2f} s + exposed {t.exposed:.2f} s + update "
-        f"{t.optimizer:.2f} s; {plan.predicted_mfu:.1%} MFU over the step (the trainer's count)",
+        f"{t.optimizer:.2f} s" + (f" + host syncs {t.host_sync:.2f} s" if t.host_syncs else "")
+        + f"; {plan.predicted_mfu:.1%} MFU over the step (the trainer's count)",
     ]
     return lines + anchor_lines(plan)
 
 
-HOST_SYNC_S = 30e-6  # a device-to-host sync: the GPU idles until the host launches again (assumed)
-
-
 def host_syncs(plan: MeshPlan) -> int:
-    """Device-to-host syncs a step of the expert-parallel dispatch: one a block and micro-batch
-    (the split sizes, sent and received read together), again in a recompute (the block's Python
-    runs again even where the collectives' outputs are kept); none without expert parallelism."""
-    m, c = plan.choice.mesh, plan.choice
-    if m.ep == 1:
-        return 0
-    micro = plan.setup.batch // plan.ranks // c.microbatch
-    return plan.setup.model.n_layers * micro * (1 if c.checkpointing == "none" else 2)
+    """Device-to-host syncs a step of the expert-parallel dispatch (steps/scale/comms.py counts
+    them in the step): one a block and micro-batch (the split sizes, sent and received read
+    together), again in a recompute; none without expert parallelism."""
+    return plan.time.host_syncs
 
 
 def host_sync_lines(plan: MeshPlan) -> list[str]:
-    n = host_syncs(plan)
-    if not n:
+    t = plan.time
+    if not t.host_syncs:
         return []
-    return [f"    {'host syncs of the expert dispatch (not in the step)':66s}{n * HOST_SYNC_S:17.2f} s   "
-            f"{n:,} a step: one a block and micro-batch, again in the recompute; {HOST_SYNC_S * 1e6:.0f} us of "
-            f"idle GPU each (assumed)"]
+    hw = plan.setup.hardware
+    return [f"    {'host syncs of the expert dispatch (in the step)':66s}{t.host_sync:17.2f} s   "
+            f"{t.host_syncs:,} a step: one a block and micro-batch, again in the recompute; {hw.host_sync_us:g} us of "
+            f"idle GPU each (assumed: steps/scale/hardware.py host_sync_us; no GPU has measured it)"]
 
 
 def anchor_lines(plan: MeshPlan) -> list[str]:
@@ -139,7 +134,7 @@ def anchor_lines(plan: MeshPlan) -> list[str]:
 def anchor_readings(plan: MeshPlan) -> list[dict]:
     """The anchor under each reading of its unpublished checkpointing (ANCHOR_READINGS): its
     peak through our memory model (its stack as assumed: no fragmentation reserve under XLA's
-    static allocator, the loss over whole logits), the efficiency calibrated on it, and this
+    static allocator, the loss over whole logits, the router weights after the combine), the efficiency calibrated on it, and this
     plan's step at that efficiency."""
     import dataclasses
 
@@ -148,7 +143,10 @@ def anchor_readings(plan: MeshPlan) -> list[dict]:
     from steps.scale.memory import Mesh
 
     s, a = plan.setup, ANCHOR
-    theirs = dataclasses.replace(s, model=dataclasses.replace(s.model, loss_chunk=s.model.vocab_size),
+    # its stack as assumed: the loss over whole logits, the router weights applied after the
+    # combine (as torchtitan does; MoEConfig.router_weights_on_experts)
+    theirs = dataclasses.replace(s, model=dataclasses.replace(s.model, loss_chunk=s.model.vocab_size,
+                                                              router_weights_on_experts=False),
                                  fragmentation=0.0, min_margin=0.0, memory_target_gib=s.hardware.hbm_bytes / GIB)
     out = []
     for mode, mb in ANCHOR_READINGS:
@@ -215,8 +213,7 @@ def cross_rack_lines(plan: MeshPlan) -> list[str]:
     else:
         alt = estimate(s, dataclasses.replace(c, offload="replicas"))
         why = ("slower" if alt.time.total >= plan.time.total else
-               f"{-alt.margin / GIB:.2f} GiB above the {s.memory_target_gib:g} GiB target" if not alt.fits else
-               "within the search's tie, heavier")
+               f"refused: {alt.verdict()}" if not alt.fits else "within the search's tie, heavier")
         lines.append(f"    the distributed optimizer across the {m.dp_replicate} replicas (offload replicas) on this "
                      f"mesh: {alt.time.total:.2f} s ({alt.time.total - plan.time.total:+.2f} s), {alt.peak / GIB:.1f} GiB, "
                      f"no host memory: not chosen, {why}")

@@ -6,7 +6,9 @@
 - `selective`: a block keeps the outputs of its costly ops and recomputes the cheap ones. Saved:
   matrix products (`mm`, `addmm`, `_grouped_mm`: q, k, v, the router logits, the gate and up
   projections of the shared and routed experts), attention (`scaled_dot_product_*`) and the
-  expert-parallel all-to-alls (so a recomputed block never sends its tokens again). Recomputed:
+  expert-parallel dispatch all-to-alls (so a recomputed block never sends its tokens again; the
+  combine, `steps.moe.expert_parallel.expert_combine`, is neither kept nor sent again: with the
+  router weights applied on the expert side no backward reads its output). Recomputed:
   norms, rotary embedding, SiLU and products, the router's top-k, token copies into the
   expert-sorted buffer, and the output projections (attention's wo, the w2 of the shared and
   routed experts, marked by `steps.moe.model.output_projection`): their outputs only feed a sum,

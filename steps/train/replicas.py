@@ -13,9 +13,10 @@ replicas). What each rank holds, for its FSDP2 shard of every parameter (`numel`
   the fp32 output before FSDP2 casts it to the working dtype) adds each shard into the
   accumulator, and a post-accumulate-grad hook drops FSDP2's cast copy, so gradients are summed
   in fp32 whatever the working dtype;
-- after the last micro-batch, the accumulator is reduce-scattered over the replica group: each
-  rank keeps the fp32 sum of its 1/R slice (`_slice`: the flat shard cut into R equal chunks, the
-  last ones short or empty). The hook starts each parameter's reduce-scatter as soon as FSDP2 hands
+- after the last micro-batch, the accumulator is reduce-scattered over the replica group, in
+  place (`_reduce_scatter_in_place`: the reduced slice is the accumulator's own chunk, no buffer
+  of its own): each rank keeps the fp32 sum of its 1/R slice (`_slice`: the flat shard cut into R
+  equal chunks, the last ones short or empty). The hook starts each parameter's reduce-scatter as soon as FSDP2 hands
   over its last gradient (async work handles), so they run beside the rest of the backward; the
   step waits for them after it;
 - the fp32 master weights of its slice (4/R bytes; with an fp32 working dtype the working shard is
@@ -77,6 +78,17 @@ def _slice(numel: int, replicas: int, index: int) -> tuple[int, int, int]:
     chunk = -(-numel // replicas) if numel else 0
     start = min(numel, index * chunk)
     return start, min(numel, start + chunk), chunk
+
+
+def _reduce_scatter_in_place(acc: Tensor, chunk: int, index: int, group: Any) -> tuple[Any, Tensor]:
+    """Reduce-scatter the accumulator `acc` (R chunks) over the replica `group` into its own
+    chunk `index` (this rank's place in the group): NCCL's in-place form (recvbuff == sendbuff +
+    rank * recvcount), as Megatron-Core's distributed optimizer reduce-scatters into its gradient
+    buffer, so the reduced slice takes no memory of its own (4/R bytes a parameter less; the
+    other chunks of `acc` are left partial, and the next step's first micro-batch overwrites
+    them). Returns the work handle and the slice."""
+    out = acc[index * chunk:(index + 1) * chunk]
+    return dist.reduce_scatter_tensor(out, acc, group=group, async_op=True), out
 
 
 def _gloo(group: Any) -> bool:
@@ -176,8 +188,7 @@ class ReplicaShards:
         elif _gloo(r.group):  # gloo has no reduce-scatter of one tensor: all-reduce, keep the slice
             self.pending.append((p, dist.all_reduce(acc, group=r.group, async_op=True), acc[start:stop]))
         else:
-            out = torch.empty(chunk, dtype=acc.dtype, device=acc.device)
-            work = dist.reduce_scatter_tensor(out, acc, group=r.group, async_op=True)
+            work, out = _reduce_scatter_in_place(acc, chunk, r.index, r.group)
             self.pending.append((p, work, out[:stop - start]))
 
     def finish(self) -> None:
@@ -185,9 +196,7 @@ class ReplicaShards:
         a replica group launches the same parameters in the same order (FSDP2's reduce order)."""
         for p, work, out in self.pending:
             if work is not None:
-                work.wait()
-                if out.is_cuda:  # made on the reduce-scatter stream, used and freed on this one
-                    out.record_stream(torch.cuda.current_stream())
+                work.wait()  # the slice is the accumulator's own memory: nothing to hand between streams
             self.grads[p] = out
         self.pending.clear()
         self.seen.clear()

@@ -53,7 +53,8 @@ def test_verdicts_pass_within_ten_percent_and_fail_outside(blockmod):
 
 def test_the_plan_figure_of_the_block_counts_the_exchange(blockmod):
     """The block runs a real all-to-all, so the plan's form with an exchange is the one compared:
-    its kept bytes hold the tokens there and back (2 N D bf16), which ep = 1 would drop."""
+    its kept bytes hold the tokens received (N D bf16) and their router weights (N fp32), which
+    ep = 1 would drop (the combine's output is not kept: the weights are applied before it)."""
     from steps.scale import memory as mem
 
     cfg, context = blockmod.block_config(False, 16)
@@ -62,7 +63,7 @@ def test_the_plan_figure_of_the_block_counts_the_exchange(blockmod):
     p = blockmod.planned_block(cfg, 3, context, "selective")
     local = mem.kept_bytes(cfg, 3, mem.Tokens.of(cfg, 1, context, 1), "selective")
     N = context * cfg.top_k
-    assert p["kept_gib"] * 2**30 - local == 2 * 2 * N * cfg.dim + 4 * cfg.n_experts
+    assert p["kept_gib"] * 2**30 - local == 2 * N * cfg.dim + 4 * N + 4 * cfg.n_experts
     # the block's FLOPs: a global layer's attention over the whole context, more than a windowed one's
     assert blockmod.block_flops(cfg, 3, context, "selective") > blockmod.block_flops(cfg, 0, context, "selective")
 

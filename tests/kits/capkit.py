@@ -132,3 +132,73 @@ def capped_modes(out: str) -> None:
                                 "drops": take_dropped_layers([block.moe]), "received": block.moe.experts.received,
                                 "reads": reads[0]}
     torch.save(seen, f"{out}/rank{rank}.pt")
+
+
+# (name, rank_capacity_factor, expert_capacity_factor, router bias) of the router-side test:
+# dropless, the per-expert cut binding, the rank cut binding.
+SIDE_CASES = (("free", 0.0, 0.0, "slope"), ("expert", 0.0, 1.0, "slope"), ("rank", 1.0, 2.0, "rank0"))
+
+
+def side_block(on_experts: bool, rank_f: float, expert_f: float, bias: str, world: int):
+    """The block of the router-side test: no z-loss, so the router's gradient comes only through
+    the router weights."""
+    from steps.moe.config import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], router_weights_on_experts=on_experts, z_loss_coef=0.0)
+    return capped_block(cfg, rank_f, expert_f, bias, world)
+
+
+class CombineCount:
+    """Counts the combine all-to-alls (steps/moe/expert_parallel.py expert_combine) that reach the
+    dispatcher, by whether they send (`again` False) or not (a recompute): the outermost mode, so
+    a collective selective checkpointing serves from its store is not counted."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts = {"sent": 0, "skipped": 0}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if "expert_combine" in str(func):
+                    counts["skipped" if args[4] else "sent"] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+
+def router_side(out: str) -> None:
+    """On each rank (ep = world): the tiny block with the router weights applied on the expert
+    side and after the combine, each case and checkpointing mode one forward and backward; writes
+    the output, the input and parameter gradients (this rank's expert shards) and the combine
+    all-to-alls sent and skipped."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from steps.moe.config import PRESETS
+    from steps.moe.expert_parallel import shard_experts, take_dropped_layers
+    from steps.moe.model import rope_tables
+    from steps.train.recompute import context_fn
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+    cfg = PRESETS["tiny"]
+    cos, sin = rope_tables(CAPPED_SHAPE[1], cfg.head_dim, cfg.rope_theta, "cpu")
+    seen = {}
+    for name, rank_f, expert_f, bias in SIDE_CASES:
+        for on in (True, False):
+            for mode in CAPPED_MODES:
+                block = side_block(on, rank_f, expert_f, bias, world)
+                shard_experts(block.moe, mesh)
+                block.recompute = context_fn(mode) if mode else None
+                x = capped_input(rank).requires_grad_(True)
+                count = CombineCount()
+                with count.mode:
+                    y, loss = block(x, cos, sin)
+                    (y.square().sum() + loss / world).backward()
+                grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone()
+                         for n, p in block.named_parameters()}
+                seen[name, on, mode] = {"y": y.detach(), "dx": x.grad, "grads": grads,
+                                        "drops": take_dropped_layers([block.moe]), "combines": dict(count.counts)}
+    torch.save(seen, f"{out}/rank{rank}.pt")

@@ -60,19 +60,24 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     assert "CANNOT BE PLACED" in pretrain_line and "704 x (32 cpu, 200 GiB, 1 gpu, GB200)" in pretrain_line
     # the plan: one 64-GPU expert mesh a rack, 8 GPUs a rack spare, figures measured
     assert "704 of 792 GPUs train on 11 racks (64 a rack, 8 a rack spare)" in out
-    # kept rows at the 1.25 cap, NCCL's documented buffers and 5% of the target kept rule out
-    # EP64 at micro-batch 1 (136 GiB); the expert mesh is EP8 with FSDP over efsdp 8 inside the rack
-    assert "dp_replicate 11 x dp_shard 64, expert-parallel EP8 inside a rack (48 experts a GPU, FSDP over efsdp 8)" in out
+    # kept rows at the 1.25 cap, NCCL's documented buffers and 5% of the target kept had ruled out
+    # EP64 at micro-batch 1 (136 GiB, EP8 x efsdp 8 was chosen); with the router weights applied on
+    # the expert side (the combine's output not kept) and the in-place reduce-scatter it fits again
+    assert "dp_replicate 11 x dp_shard 64, expert-parallel EP64 inside a rack (6 experts a GPU)" in out
     assert "fake process group of 704 ranks" in out and "traced" in out
     assert "8.34B elements on the largest rank" in out
     # the data plan (steps/data/budget.py), each data step sized from it
     assert "data plan at full size, on 100 nodes of 64 cores and 256 GiB" in out
     assert re.search(r"tokenized/nemotron-cc +63,000 +8 cpu", out) and "(.venv/bin/python bench/data_plan.py" in out
     a2a = next(line for line in out.splitlines() if line.strip().startswith("expert all-to-all"))
-    assert "ep 8" in a2a and "nvlink" in a2a and " TB " in a2a
+    assert "ep 64" in a2a and "nvlink" in a2a and " TB " in a2a
     assert any("over 11 racks" in line and "network" in line for line in out.splitlines())  # the replicas
-    assert ("8 micro-batches of 2; full checkpointing; fp32 masters, grads and Adam sharded over the replicas "
+    assert ("16 micro-batches of 1; selective checkpointing; fp32 masters, grads and Adam sharded over the replicas "
             "(offload replicas)") in out
+    saved = next(line for line in out.splitlines() if line.strip().startswith("router weights after w2: saved"))
+    assert 17 < float(saved.split()[5]) < 19 and "not in the peak" in saved  # the combine's output, 48 blocks
+    syncs = next(line for line in out.splitlines() if "host syncs of the expert dispatch (in the step)" in line)
+    assert "1,536 a step" in syncs and "30 us of idle GPU each" in syncs
     peak = next(line for line in out.splitlines() if line.strip().startswith("peak "))
     assert " fits, " in peak and "under the 140 GiB target (at least 5% kept)" in peak and "anchor 137.9 GiB" in peak
     assert float(peak.split()[1]) < 0.95 * 140  # the memory target, with 5% kept
@@ -81,7 +86,7 @@ def test_full_plan_budget_mesh_and_unplaceable_steps(capsys, tmp_path):
     headroom = next(line for line in out.splitlines() if line.strip().startswith("expert-load headroom"))
     assert "1.25x the mean rows kept in every block" in headroom  # the margin is at the cap
     nccl = next(line for line in out.splitlines() if line.strip().startswith("NCCL buffers"))
-    assert "all-to-all with 7 peers" in nccl and "NCCL's documented sizes" in nccl
+    assert "all-to-all with 63 peers" in nccl and "NCCL's documented sizes" in nccl
     # the enforced target, the tolerated skew and the cross-rack sharding (or why not)
     assert "memory target 140 GiB a GPU (memory_target_gib), enforced; tolerated skew: dropless up to 1.25x" in out
     # the distributed optimizer across the 11 racks' replicas, nothing on the host
@@ -166,7 +171,7 @@ def test_the_training_step_runs_the_planned_mesh(v535):
     dag = build_dag(v535.voyage(v535.VoyageConfig()))
     pre = dag["pretrain/535b-a23b"].step
     trainer, parallel = pre.config.trainer, pre.config.trainer.parallel
-    assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 8)  # EP8 x efsdp 8
+    assert (parallel.dp_replicate, parallel.dp_shard, parallel.ep) == (11, 64, 64)  # EP64 (was EP8 x efsdp 8)
     assert trainer.workers == pre.resources.workers == 704 and trainer.microbatch in (1, 2)
     assert parallel.checkpointing in ("selective", "full") and parallel.offload == "replicas"
     # the trainer's own checks accept what the plan picked (whole sequences, ep inside a rack)

@@ -63,17 +63,25 @@ def test_head_formula_equals_the_trace():
 
 def test_trace_follows_the_expert_parallel_path():
     """With ep ranks, a rank holds e = E/ep experts: its weight gradients shrink, and the
-    selective mode keeps the all-to-all outputs (tokens there and back) that ep=1 has none of."""
+    selective mode keeps the tokens the dispatch received (and their router weights, fp32) that
+    ep=1 has none of; not the combine's output, which only the older formulation (the router
+    weights applied after the combine) keeps: one more [N, D] bf16 buffer a block."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    after_combine = dataclasses.replace(SMALL, router_weights_on_experts=False)
     with fake_world(8):
         mesh = init_device_mesh("cpu", (8,))
         ep8 = trace_block(SMALL, 0, 1, 64, "selective", mesh)
+        ep8_old = trace_block(after_combine, 0, 1, 64, "selective", mesh)
     ep1 = trace_block(SMALL, 0, 1, 64, "selective")
     tokens = 64
-    a2a = 2 * tokens * SMALL.top_k * SMALL.dim * 2  # two [N, D] bf16 buffers
+    slots = tokens * SMALL.top_k
+    rows = slots * SMALL.dim * 2  # one [N, D] bf16 buffer
     padding = (SMALL.expert_align - 1) * (64 - 8) * 2 * SMALL.expert_dim * 2  # fewer experts, fewer padded rows
-    assert ep8.kept - ep1.kept == a2a + 4 * 64 - padding  # (+ the [ep, e] int32 counts)
+    assert ep8.kept - ep1.kept == rows + 4 * slots + 4 * 64 - padding  # (+ the weights, the [ep, e] int32 counts)
+    assert ep8_old.kept - ep8.kept == rows - 4 * slots  # the combine's output, less the weights sent along
+    saved = mem.combine_kept_bytes(SMALL, mem.Tokens.of(SMALL, 1, 64, 8), "selective")
+    assert saved == ep8_old.kept - ep8.kept > 0
     assert ep8.working < ep1.working / 4  # 8 experts' gradients instead of 64
 
 
