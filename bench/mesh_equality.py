@@ -5,6 +5,12 @@ gradient divisor behind the loss). The same runs as tests/steps/train/test_train
 holds them to tolerances; this prints the figures.
 
     python -m bench.mesh_equality [--root /tmp/mesh-equality]
+    python -m bench.mesh_equality --only router-side   # the router-weight table alone
+
+The router-weight table: the router weights applied on the expert side after w2 (the default,
+MoEConfig.router_weights_on_experts) against the older formulation (after the combine), both on
+ep=2 (2 processes, the real all-to-all), and the new one under selective and full checkpointing
+against itself without.
 """
 
 from __future__ import annotations
@@ -38,6 +44,34 @@ BF16 = {  # name: (ParallelConfig fields, workers, micro-batch)
 }
 
 
+ROUTER_SIDE = {  # name: (ParallelConfig fields, model overrides), each on 2 processes, ep=2
+    "weights after the combine (older formulation)": (dict(ep=2), {"router_weights_on_experts": False}),
+    "weights after w2 (the default)": (dict(ep=2), {}),
+    "weights after w2, selective checkpointing": (dict(ep=2, checkpointing="selective"), {}),
+    "weights after w2, full checkpointing": (dict(ep=2, checkpointing="full"), {}),
+}
+
+
+def router_side(mix: str, root: pathlib.Path) -> None:
+    """Each run of ROUTER_SIDE against the older formulation and against the default."""
+    import dataclasses
+
+    from kits.meshkit import config, run_mesh
+    from steps.train.config import ModelSpec, ParallelConfig
+
+    outs = {}
+    for i, (name, (fields, overrides)) in enumerate(ROUTER_SIDE.items()):
+        cfg = dataclasses.replace(config(mix, ParallelConfig(**fields)), model=ModelSpec("tiny", overrides=overrides))
+        outs[name] = run_mesh(cfg, str(root / f"side{i}"), 2)
+    old, new = outs["weights after the combine (older formulation)"], outs["weights after w2 (the default)"]
+    print("\n| ep=2, 2 processes, 20 steps | vs weights after the combine: loss / grad norm / weights | "
+          "vs weights after w2 without checkpointing: loss / grad norm / weights |")
+    print("|---|---|---|")
+    for name, out in list(outs.items())[1:]:
+        print(f"| {name} | {' / '.join(f'{x:.1e}' for x in _diff(out, old))} | "
+              f"{' / '.join(f'{x:.1e}' for x in _diff(out, new))} |", flush=True)
+
+
 def _diff(got_out: str, ref_out: str) -> tuple[float, float, float]:
     import torch
 
@@ -62,11 +96,15 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/tmp/mesh-equality")
+    ap.add_argument("--only", choices=("router-side",), help="run one table alone")
     args = ap.parse_args()
     root = pathlib.Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     tokens = build_tokens(root / "data")
     mix = make_mixture(tokens, root / "mix", sequences=320, stages=((1.0, {"kjv": 1.0}),))
+    if args.only == "router-side":
+        router_side(mix, root)
+        return
     one = run_mesh(config(mix, ParallelConfig()), str(root / "one"), 1)
     ref, ref_w = _rows(one), torch.load(f"{one}/dumps/final.pt")
     print("| mesh | processes | loss (max rel. diff, 20 steps) | grad norm (max rel. diff) | weights after 20 steps "
@@ -88,6 +126,7 @@ def main() -> None:
         mine, plain = _diff(runs[1], runs[0]), _diff(runs[0], one)
         print(f"| {name} | {workers} | {' / '.join(f'{x:.1e}' for x in mine)} | "
               f"{' / '.join(f'{x:.1e}' for x in plain)} |", flush=True)
+    router_side(mix, root)
 
 
 if __name__ == "__main__":
