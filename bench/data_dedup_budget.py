@@ -3,6 +3,11 @@ a pass-1 task at ingest's default shard (100,000 documents), and a corpus holdin
 document a million times (a cookie banner: one bucket of a million members in every band).
 
     .venv/bin/python -m bench.data_dedup_budget --pass1-docs 100000 --copies 1000000 --others 50000
+    .venv/bin/python -m bench.data_dedup_budget --flat 66000 1000000
+
+`--flat` instead runs corpora of that many distinct short documents (no boilerplate), each with
+the default config and ingest's default shard (100,000 documents), and prints every pass's
+largest task at each size, and the largest over the smallest (the target: within 1.25).
 
 The step runs in this process with the default config (every task already checks itself against
 its declaration and fails past it: steps/data/memory.py); a mapper measures every task the same
@@ -47,7 +52,7 @@ def write_corpus(out, copies: int, others: int, per_shard: int = 100_000) -> int
     return -(-total // per_shard)
 
 
-def run(src, out, **config) -> tuple[dict, dict, float]:
+def run(src, out, **config) -> tuple[dict, dict, float, dict]:
     from executor.testing import build_context
     from steps.dedup.dedup import DedupConfig, dedup
     from steps.data.memory import Measure
@@ -72,24 +77,60 @@ def run(src, out, **config) -> tuple[dict, dict, float]:
     return peaks, declared, time.process_time() - t, ctx.results
 
 
+def corpus(copies: int, others: int):
+    from bench.data_common import WORK
+
+    src = WORK / f"dedup-budget-{copies}-{others}"
+    if not (src / "done").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        write_corpus(src, copies, others)
+        (src / "done").write_text("")
+    return src
+
+
+def flat(sizes: list[int]) -> None:
+    """Every pass's largest task at each corpus size, with the default budget."""
+    import os
+
+    from bench.data_common import WORK
+
+    rows = {}
+    for n in sizes:
+        peaks, declared, cpu, results = run(corpus(0, n), WORK / "dedup-budget-out")
+        rows[n] = (peaks, declared)
+        print(f"{n:,} documents: {results['pass2_tasks']} pass-2 tasks, {results['pass3_partitions']} pass-3 "
+              f"partitions, {results['removed']:,} removed; {cpu:.0f} s of CPU; load {os.getloadavg()[0]:.1f}",
+              flush=True)
+    parts = sorted({p for peaks, _ in rows.values() for p in peaks})
+    print("| pass | " + " | ".join(f"{n:,} documents: largest task / declared" for n in sizes) +
+          " | largest / smallest |")
+    print("|---|" + "---:|" * (len(sizes) + 1))
+    for part in parts:
+        got = [rows[n][0].get(part, 0.0) for n in sizes]
+        cells = " | ".join(f"{g:.2f} / {rows[n][1].get(part, 0.0):.2f} GiB" for g, n in zip(got, sizes))
+        print(f"| {part} | {cells} | **{max(got) / min(got):.2f}** |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pass1-docs", type=int, default=100_000)
     ap.add_argument("--copies", type=int, default=1_000_000)
     ap.add_argument("--others", type=int, default=50_000)
+    ap.add_argument("--flat", type=int, nargs="+", default=None,
+                    help="corpus sizes (distinct short documents): every pass's largest task at each")
     args = ap.parse_args()
     from bench.data_common import WORK
+
+    if args.flat:
+        flat(args.flat)
+        return
 
     for title, copies, others in (("one shard at ingest's default size", 0, args.pass1_docs),
                                   (f"a boilerplate document {args.copies:,} times", args.copies, args.others)):
         if title.startswith("one") and not args.pass1_docs or not title.startswith("one") and not args.copies:
             continue
-        src = WORK / f"dedup-budget-{copies}-{others}"
-        if not (src / "done").exists():
-            shutil.rmtree(src, ignore_errors=True)
-            src.mkdir(parents=True)
-            write_corpus(src, copies, others)
-            (src / "done").write_text("")
+        src = corpus(copies, others)
         peaks, declared, cpu, results = run(src, WORK / "dedup-budget-out")
         print(f"\n{title}: {copies + others:,} documents, {results['removed']:,} removed, "
               f"largest cluster {results['largest_cluster']:,}; {cpu:.0f} s of CPU")
