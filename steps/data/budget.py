@@ -7,7 +7,9 @@ from it. A task that cannot fit one node (more CPUs or memory than a node has) s
 at plan time (VoyageError: exit 2, one line), instead of waiting forever for a node Ray never has.
 
 Every figure is computed from a source's declared tokens and the per-core throughputs in `RATES`,
-each measured by a bench script (its command beside it), and from the formats' own sizes:
+each measured by a bench script (its command beside it, and how: under Ray, or in one process only;
+the plan's last line says which rates are which, and which are extrapolated), and from the
+formats' own sizes:
 
 - documents: tokens / TOKENS_PER_DOC; text: tokens x BYTES_PER_TOKEN; a zstd shard holds
   text / ZSTD_RATIO bytes; shards: documents / DOCS_PER_SHARD (ingest's `max_docs_per_shard`);
@@ -57,21 +59,26 @@ class Rate:
     value: float
     unit: str
     command: str
-    basis: str = "measured in one process (not under Ray)"
+    basis: str = "measured in one process only (not under Ray)"
 
 
 BENCH = ".venv/bin/python bench/data_plan.py --scale 2 --repeats 1"
-# Measured on the development machine (docs/benchmarks.md "Per-core throughputs of the data steps").
-# Measured again on 2026-12-01 (load average about 5 on the 2-core machine): the bounded-memory dedup
-# item 1 (sorted runs, pass 2 by key range, distributed components); the first figures (31.8 MB/s,
-# 2,067 documents/s of main's old dedup, 6.5 MB/s, 0.40 M tokens/s) were taken at load 20-45.
+RAY_BENCH = ".venv/bin/python bench/data_ray_rates.py --docs 32000 --cpus 2"
+UNDER_RAY = "measured under Ray (an embedded local Ray of 2 CPUs, documents of 4.5 KB)"
+ONE_PROCESS = "measured in one process only (not under Ray)"
+# Ingest and dedup: measured under Ray on documents of the plan's size (docs/benchmarks.md "Rates
+# under Ray", 2026-12-03, two runs: ingest 41.6 and 42.0 MB/s, dedup 7.19 and 7.31 MB/s of text; the
+# lower taken). The figures they replace were measured in one process on documents of 2.9 KB (41.7
+# MB/s; 2,443 documents/s of 656 tokens = 1.60M tokens/s): the same within 4%. Tokenize was
+# measured in one process only (2026-12-01, load about 5 on the 2-core machine).
 RATES = {
-    "ingest": Rate(41.7e6, "bytes of text/s", BENCH.replace("--repeats 1", "--repeats 3")),
-    "dedup": Rate(2_443 * 656, "tokens/s (2,443 documents of 656 tokens)", BENCH.replace("--repeats 1", "--repeats 3")),
+    "ingest": Rate(41.6e6, "bytes of text/s", RAY_BENCH, UNDER_RAY),
+    "dedup": Rate(7.19e6 / BYTES_PER_TOKEN, "tokens/s (7.19 MB of text/s: 1,599 documents of 4,494 bytes)",
+                  RAY_BENCH, UNDER_RAY),
     "decontaminate": Rate(6.96e6, "bytes of text/s at a 1.2M-n-gram eval side",
                           ".venv/bin/python bench/data_decontam.py --scale 2 --repeats 2 --sizes 1000000",
                           "by the eval side's size: decontam_rate, per step below"),
-    "tokenize": Rate(0.71e6, "tokens/s a thread", BENCH.replace("--repeats 1", "--repeats 3")),
+    "tokenize": Rate(0.71e6, "tokens/s a thread", BENCH.replace("--repeats 1", "--repeats 3"), ONE_PROCESS),
 }
 ZSTD_RATIO = Rate(2.97, "text bytes / zstd shard bytes", BENCH)
 # The decontaminate task's rate falls as the eval index outgrows the caches (a lookup is a binary
@@ -297,7 +304,24 @@ def format_data_plan(plan: DataPlan) -> str:
         lines.append(f"    {name:<14} {_rate(r.value)} {r.unit}, {r.basis}  ({r.command})")
     sizes = ", ".join(f"{n:,.0f} n-grams {v / 1e6:.2f} MB/s" for n, v in DECONTAM_RATES)
     lines.append(f"    decontaminate by eval-side size, measured at {sizes}  ({DECONTAM_BENCH})")
+    lines.append("  " + rates_known(plan))
     return "\n".join(lines)
+
+
+def rates_known(plan: DataPlan) -> str:
+    """One line: which of the plan's rates are measured under Ray, which in one process only, and
+    which are extrapolated (the decontam rate past its largest measured eval side)."""
+    ray = [n for n, r in RATES.items() if r.basis == UNDER_RAY]
+    one = [n for n, r in RATES.items() if r.basis == ONE_PROCESS]
+    how = {s.name: s.detail.rpartition(", ")[2] for s in plan.steps if s.rate == "decontaminate"}
+    far = sorted(n for n, h in how.items() if h.startswith("extrapolated"))
+    near = sorted(n for n, h in how.items() if not h.startswith("extrapolated"))
+    parts = [f"measured under Ray: {', '.join(ray) or 'none'}", f"measured in one process only: {', '.join(one) or 'none'}"]
+    if far:
+        parts.append(f"extrapolated: decontaminate in {', '.join(far)} (an eval side past the largest measured)")
+    if near:
+        parts.append(f"decontaminate measured or interpolated in {', '.join(near)}")
+    return "rates: " + "; ".join(parts)
 
 
 def _size(n: float) -> str:

@@ -79,3 +79,22 @@ def test_the_decontam_rate_follows_the_eval_sides_size_and_says_how_it_is_known(
     plan = plan_data([DataSource("a", 1e11)], CpuNodes(10, 64, 256), heldout_tokens=2e8)
     assert "extrapolated" in plan["decontam/a"].detail
     assert plan["decontam/a"].core_hours == pytest.approx(1e11 * BYTES_PER_TOKEN / far / 3600)
+
+
+def test_the_plan_says_which_rates_are_measured_under_ray_in_one_process_or_extrapolated():
+    from steps.data.budget import ONE_PROCESS, UNDER_RAY
+
+    lines = {line.split()[0]: line for line in format_data_plan(plan_data([DataSource("a", 1e11)], CpuNodes(10, 64, 256),
+                                                                          heldout_tokens=2e8)).splitlines()
+             if line.strip()}
+    for name in ("ingest", "dedup"):  # re-measured under Ray on documents of the plan's size
+        assert UNDER_RAY in lines[name] and "bench/data_ray_rates.py" in lines[name], lines[name]
+        assert RATES[name].basis == UNDER_RAY
+    assert ONE_PROCESS in lines["tokenize"] and "bench/data_plan.py" in lines["tokenize"]
+    assert os.path.exists(os.path.join(ROOT, "bench", "data_ray_rates.py"))
+    assert lines["rates:"].strip() == ("rates: measured under Ray: ingest, dedup; measured in one process only: tokenize; "
+                               "extrapolated: decontaminate in decontam/a (an eval side past the largest measured)")
+    # an eval side between the measured sizes: nothing extrapolated, and the line says so
+    text = format_data_plan(plan_data([DataSource("a", 1e11)], CpuNodes(10, 64, 256), heldout_tokens=3e6))
+    last = text.splitlines()[-1]
+    assert "extrapolated" not in last and last.endswith("decontaminate measured or interpolated in decontam/a"), last
