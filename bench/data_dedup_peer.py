@@ -12,6 +12,19 @@ LocalPipelineExecutor's own per-rank entry point. Stages: 1 signatures, 2 bucket
 4 filter. Datatrove's cluster stage is one process over all pairs; ours is map rounds.
 Rows "ours 28x4+verify" are our defaults: twice the bands, and each pair checked against the
 signature carried in the run.
+
+    .venv/bin/python -m bench.data_dedup_peer --scale 4 --ranges 2 --ray --cpus 2
+
+`--ray` runs both under an embedded local Ray instead (`ray.init(num_cpus=--cpus)`), each with
+datatrove's default word tokenizer (spaCy's English, `spacy.blank("en")`) and with `str.split`
+(ours splits words its own way whatever datatrove is given: it is run once per tokenizer all the
+same, so each ratio has its own pair of runs). Ours goes through the executor's Ray mapper
+(`executor.ray_backend.ray_map`); datatrove twice: through its own `RayPipelineExecutor` (actors,
+a process pool in each; each rank writes the CPU it took beside its logs), and with each of its
+ranks as a plain Ray task (`ray_map` over its executor's per-rank entry point, so both sides are
+scheduled alike). CPU seconds of the dedup work: every task's (rank's) own `process_time`, summed,
+plus the driver's while the step ran (Ray's submit and get, our step's work between maps).
+Ray's daemons and starting workers are not counted on either side.
 """
 
 from __future__ import annotations
@@ -135,6 +148,185 @@ def datatrove(src, out, meter: Meter, bands: int, rows: int, ranges: int, files:
     return removed
 
 
+# -- under Ray --------------------------------------------------------------------------------
+
+def _rank_cpu_executor():
+    """datatrove's RayPipelineExecutor, each rank writing the CPU seconds it took (its own
+    `process_time`, in the pool process its actor runs it in) beside its logs."""
+    from datatrove.executor import RayPipelineExecutor
+
+    class Timed(RayPipelineExecutor):
+        def _run_for_rank(self, rank, local_rank=0, node_rank=-1):
+            t = time.process_time()
+            out = super()._run_for_rank(rank, local_rank, node_rank)
+            with self.logging_dir.open(f"cpu/{rank:05d}.txt", "w") as f:
+                f.write(repr(time.process_time() - t))
+            return out
+
+    return Timed
+
+
+def _timed(fn):
+    def task(item):
+        t = time.process_time()
+        out = fn(item)
+        return out, time.process_time() - t
+    task.__name__ = getattr(fn, "__name__", "task")
+    return task
+
+
+def _patch_xxhash():
+    """xxhash >= 4 hashes bytes only; datatrove 0.10.1 hands it str shingles."""
+    import xxhash
+
+    import datatrove.utils.hashes.xxhash as dt_xxhash
+
+    dt_xxhash.xxhash64 = lambda d: xxhash.xxh64_intdigest(d.encode() if isinstance(d, str) else d)
+
+
+class Split:
+    """`str.split` as datatrove's word tokenizer (built on first use, so it pickles to workers)."""
+
+    def __new__(cls):
+        from datatrove.utils.word_tokenizers import WordTokenizer
+
+        class SplitWords(WordTokenizer):
+            def word_tokenize(self, text):
+                return text.split()
+
+            def sent_tokenize(self, text):
+                return [text]
+
+            def span_tokenize(self, text):
+                return [(0, len(text))]
+
+        return SplitWords()
+
+
+def ours_ray(src, out, **cfg) -> dict:
+    """Our step through the executor's Ray mapper: per pass the tasks' CPU, and with the driver's."""
+    from executor.ray_backend import ray_map
+    from steps.dedup.dedup import DedupConfig, dedup
+
+    cpu: dict[int, float] = collections.defaultdict(float)
+
+    def mapper(fn, items, resources=None):
+        pairs = ray_map(_timed(fn), items, resources)
+        cpu[PASS_OF[fn.__name__]] += sum(c for _, c in pairs)
+        return [r for r, _ in pairs]
+
+    shutil.rmtree(out, ignore_errors=True)
+    c = ctx(out)
+    c.mapper = mapper
+    t0 = time.process_time()
+    dedup(DedupConfig(documents=str(src), **cfg), c)
+    driver = time.process_time() - t0
+    return {"passes": dict(cpu), "work": driver + sum(cpu.values()), "removed": c.results["removed"]}
+
+
+def datatrove_ray(src, out, bands: int, rows: int, ranges: int, files: int, words, how: str) -> dict:
+    """datatrove's four stages under Ray: `how` "executor" (its RayPipelineExecutor) or "tasks"
+    (each rank a Ray task through our ray_map). `words`: None for its default tokenizer."""
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
+                                                  MinhashDedupFilter, MinhashDedupSignature)
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+    from datatrove.utils.hashing import HashConfig
+
+    from executor.ray_backend import ray_map
+
+    _patch_xxhash()  # before the steps are built: they hold the hash function (pickled by value)
+    shutil.rmtree(out, ignore_errors=True)
+    config = MinhashConfig(n_grams=5, num_buckets=bands, hashes_per_bucket=rows, hash_config=HashConfig(precision=64))
+    lang = {} if words is None else {"language": words}
+
+    def reader():
+        return JsonlReader(str(src), glob_pattern="*.jsonl.zst", compression="zstd")
+
+    stages = [
+        (1, [reader(), MinhashDedupSignature(output_folder=str(out / "sigs"), config=config, **lang)], files),
+        (2, [MinhashDedupBuckets(input_folder=str(out / "sigs"), output_folder=str(out / "buckets"), config=config)],
+         bands * ranges),
+        (3, [MinhashDedupCluster(input_folder=str(out / "buckets"), output_folder=str(out / "remove"), config=config)], 1),
+        (4, [reader(), MinhashDedupFilter(input_folder=str(out / "remove")),
+             JsonlWriter(output_folder=str(out / "kept"), compression="zstd")], files),
+    ]
+    cpu: dict[int, float] = collections.defaultdict(float)
+    t0 = time.process_time()
+    for stage, pipeline, tasks in stages:
+        logs = str(out / "logs" / str(stage))
+        if how == "executor":
+            _rank_cpu_executor()(pipeline=pipeline, tasks=tasks, logging_dir=logs, cpus_per_task=1,
+                                 mem_per_cpu_gb=0.5).run()
+            cpu[stage] += sum(float((out / "logs" / str(stage) / "cpu" / f"{r:05d}.txt").read_text())
+                              for r in range(tasks))
+        else:
+            ex = LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=1, logging_dir=logs)
+
+            def rank_task(rank, ex=ex):
+                from loguru import logger
+
+                logger.remove()
+                ex._run_for_rank(rank)
+
+            rank_task.__name__ = f"datatrove_stage_{stage}"
+            cpu[stage] += sum(c for _, c in ray_map(_timed(rank_task), list(range(tasks))))
+    driver = time.process_time() - t0
+    removed = sum(os.path.getsize(out / "remove" / n) // 4 for n in os.listdir(out / "remove")
+                  if n.endswith(".remove")) if (out / "remove").exists() else 0
+    return {"passes": dict(cpu), "work": driver + sum(cpu.values()), "removed": removed}
+
+
+def main_ray(args, src, files: int, docs: int) -> None:
+    import ray
+
+    from executor import ray_backend
+
+    per = -(-docs // args.ranges)
+    ray_backend.start(num_cpus=args.cpus)
+    print(f"corpus: {docs} documents in {files} shards; {args.bands} bands x {args.rows} rows, 5-grams, "
+          f"{args.ranges} key ranges a band; embedded local Ray, {args.cpus} CPUs; load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    rows = []
+    try:
+        for label, words in (("datatrove's default (spaCy)", None), ("str.split", Split())):
+            dt_tasks = datatrove_ray(src, WORK / "peer-datatrove", args.bands, args.rows, args.ranges, files, words,
+                                     "tasks")
+            dt_exec = datatrove_ray(src, WORK / "peer-datatrove", args.bands, args.rows, args.ranges, files, words,
+                                    "executor")
+            mine = ours_ray(src, WORK / "peer-ours", bands=args.bands, rows=args.rows, verify_threshold=None,
+                            keys_per_task=per)
+            mine_v = ours_ray(src, WORK / "peer-ours", keys_per_task=per)
+            rows.append((label, dt_tasks, dt_exec, mine, mine_v))
+            print(f"  {label}: datatrove {dt_tasks['work']:.1f} CPU s as tasks, {dt_exec['work']:.1f} by its "
+                  f"executor; ours {mine['work']:.1f} / {mine_v['work']:.1f} (28x4+verify); removed "
+                  f"{dt_tasks['removed']} / {mine['removed']} / {mine_v['removed']}; load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    finally:
+        ray.shutdown()
+    print("\n| documents / CPU-second, under Ray | tokenizer | pass 1 | pass 2 | pass 3 | pass 4 | dedup work "
+          "(tasks + driver) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for label, dt_tasks, dt_exec, mine, mine_v in rows:
+        for name, r in ((f"datatrove 0.10.1, {args.bands} x {args.rows}, ranks as Ray tasks", dt_tasks),
+                        (f"datatrove 0.10.1, {args.bands} x {args.rows}, RayPipelineExecutor", dt_exec),
+                        (f"ours, {args.bands} x {args.rows}", mine), ("ours, 28 x 4 + verify", mine_v)):
+            cells = "".join(f" {docs / r['passes'][s]:,.0f} |" if r["passes"].get(s) else " - |" for s in (1, 2, 3, 4))
+            print(f"| {name} | {label} |{cells} {docs / r['work']:,.0f} |")
+    print("\n| ours / datatrove, documents per CPU-second | " + " | ".join(label for label, *_ in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    for name, pick in (("ours 14 x 8 / datatrove's ranks as Ray tasks", lambda r: (r[3], r[1])),
+                       ("ours 28 x 4 + verify / datatrove's ranks as Ray tasks", lambda r: (r[4], r[1])),
+                       ("ours 14 x 8 / datatrove's RayPipelineExecutor", lambda r: (r[3], r[2])),
+                       ("ours 28 x 4 + verify / datatrove's RayPipelineExecutor", lambda r: (r[4], r[2]))):
+        cells = []
+        for r in rows:
+            a, b = pick(r)
+            cells.append(f"**{b['work'] / a['work']:.2f}x**")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def corpus(scale: int, share: float = 0.1):
     """The bench corpus x`scale` (data_common.shards) with near copies of `share` of its documents
     (2% of the words replaced) and exact copies of a tenth as many, spread over the shards."""
@@ -166,6 +358,8 @@ def main() -> None:
     ap.add_argument("--bands", type=int, default=14)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--ranges", type=int, default=2, help="key ranges (datatrove: workers) per band")
+    ap.add_argument("--ray", action="store_true", help="both under an embedded local Ray, both tokenizers")
+    ap.add_argument("--cpus", type=int, default=2, help="--ray: the local Ray's CPUs")
     args = ap.parse_args()
     import logging
 
@@ -178,6 +372,9 @@ def main() -> None:
     files = len(list(src.glob("*.jsonl.zst")))
     from steps.data.formats import iter_documents
     docs = sum(1 for f in sorted(src.glob("*.jsonl.zst")) for _ in iter_documents(str(f)))
+    if args.ray:
+        main_ray(args, src, files, docs)
+        return
     per = -(-docs // args.ranges)
     print(f"corpus: {docs} documents in {files} shards; {args.bands} bands x {args.rows} rows, 5-grams, "
           f"{args.ranges} key ranges a band; one process, tasks one after another", flush=True)
