@@ -66,8 +66,9 @@ def run(src, out, **config) -> tuple[dict, dict, float, dict]:
         for item in items:
             m = Measure()
             results.append(fn(item))
-            peaks[part] = max(peaks.get(part, 0.0), m.gb)
-            declared[part] = resources.memory_gb if resources else 0.0
+            if m.gb >= peaks.get(part, 0.0):  # the largest task, and what it declared (pass 3's vary)
+                peaks[part] = m.gb
+                declared[part] = resources.memory_gb if resources else 0.0
         return results
 
     shutil.rmtree(out, ignore_errors=True)

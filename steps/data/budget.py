@@ -18,7 +18,7 @@ formats' own sizes:
   verification: 464 bytes), holding `pass1_bytes_per_doc` a document; pass 2 one task per
   (section, key range) of `keys_per_task` records, holding a chunk of each run (`pass2_gb`);
   pass 3 hash partitions of `pairs_per_task` pair entries (a duplicate's pair found in each of the
-  29 sections), a scatter, two maps a round, an emit and a group sort each; pass 4 a task a shard.
+  29 sections), two scatters, two maps a round, an emit and a group sort each; pass 4 a task a shard.
   Its core-hours are the whole step's measured rate; its memory the largest pass's;
 - decontaminate: the eval index (16 bytes an eval n-gram, held twice while it loads) beside one
   batch of documents; the rate by the eval side's size (`decontam_rate`: measured at three sizes,
@@ -223,7 +223,7 @@ def _ingest(name: str, tokens: float) -> StepPlan:
 
 
 def _dedup(group: str, tokens: float) -> StepPlan:
-    from steps.dedup.dedup import PASS1_SCRATCH_GB, DedupConfig, pass1_bytes_per_doc, pass2_gb
+    from steps.dedup.dedup import PASS1_SCRATCH_GB, PASS3_BYTES_PER_ENTRY, DedupConfig, pass1_bytes_per_doc, pass2_gb
 
     cfg = DedupConfig(documents="")
     docs = tokens / TOKENS_PER_DOC
@@ -237,12 +237,15 @@ def _dedup(group: str, tokens: float) -> StepPlan:
     p2_gb = pass2_gb(cfg, shards)  # a chunk of each shard's run, a block, a part of pairs
     # pass 3 as the code cuts it: partitions of pairs_per_task pair entries over all sections (a
     # duplicate's pair is found again in every band it shares; here in all 29, as an exact copy
-    # is), and its maps: the scatter, two a round, the emit, the group sort
+    # is), and its maps: the scatter (two tasks a partition: each makes two entries of a pair), two
+    # a round, the emit, the group sort
     entries = docs * DUPLICATE_SHARE * DEDUP_SECTIONS
     edges = docs * DUPLICATE_SHARE  # distinct: a star edge a removed document
     parts = max(1, math.ceil(entries / PAIRS_PER_TASK))
-    p3_tasks = parts * (2 * COMPONENT_ROUNDS + 3)
-    p3_gb = WORKER_GB + 0.05 + PAIRS_PER_TASK * 16 * 8 / GiB
+    p3_tasks = parts * (2 * COMPONENT_ROUNDS + 4)
+    # a task within the budget; a partition receiving a cluster's star of millions declares more
+    # (steps.dedup.components: what it receives, PASS3_BYTES_PER_ENTRY an entry)
+    p3_gb = WORKER_GB + 0.05 + PAIRS_PER_TASK * PASS3_BYTES_PER_ENTRY / GiB
     p4_gb = WORKER_GB + 0.25
     passes = [("pass 1", shards, p1_gb), ("pass 2", p2_tasks, p2_gb), ("pass 3", p3_tasks, p3_gb),
               ("pass 4", shards, p4_gb)]

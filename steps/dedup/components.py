@@ -18,12 +18,15 @@ A final map reads the last large-star input once more and writes each star's edg
 (removed id, keeper) into one file per group of shards (`{work}/stars/{group:04d}/{part:04d}.npy`),
 then one task per group sorts its pairs by removed id into `work/drop/{group:05d}.npy`. No task
 holds more than its partition's edges (or its group's removed documents); the step's own process
-holds only digests and a histogram.
+holds only digests, a histogram and each map's counts of the entries it sent to each partition
+(or group), from which the next map's tasks declare their memory: a partition that receives a
+cluster's star of millions asks for what it receives (`components(memory_of=...)`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 from dataclasses import dataclass
 from typing import Callable
@@ -100,15 +103,19 @@ def _read_part(job: StarJob) -> np.ndarray:
     return np.concatenate([kept] + pending) if pending else kept
 
 
-def _write_parts(job: StarJob, edges: np.ndarray, key: np.ndarray) -> None:
+def _write_parts(job: StarJob, edges: np.ndarray, key: np.ndarray) -> dict[int, int]:
     """Edges to the partitions of `key`, one file per destination that gets any (a reader lists
-    its folder; the map finished, so every file its tasks wrote is there)."""
+    its folder; the map finished, so every file its tasks wrote is there); {destination: edges
+    sent}, from which the next map's tasks are sized."""
     dest = partition_of(key, job.parts)
     order = np.argsort(dest, kind="stable")
     edges, dest = edges[order], dest[order]
     bounds = np.searchsorted(dest, np.arange(job.parts + 1))
+    sent = {}
     for d in np.flatnonzero(np.diff(bounds)).tolist():
         save(join(job.work, job.write, f"{d:04d}", f"{job.part:04d}.npy"), edges[bounds[d]:bounds[d + 1]])
+        sent[d] = int(bounds[d + 1] - bounds[d])
+    return sent
 
 
 def _both_ways(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,8 +143,7 @@ def _scatter(job: StarJob) -> dict:
     pairs = np.concatenate(parts).astype(U64) if parts else np.zeros((0, 2), U64)
     edges = _canonical(pairs)
     directed, src = _both_ways(edges)
-    _write_parts(job, directed, src)
-    return {"edges": int(len(edges))}
+    return {"edges": int(len(edges)), "sent": _write_parts(job, directed, src)}
 
 
 def _canonical(pairs: np.ndarray) -> np.ndarray:
@@ -164,8 +170,7 @@ def _large(job: StarJob) -> dict:
     if job.kind == "emit":
         return dict(info, **_emit(job, directed if len(directed) else np.zeros((0, 2), U64)))
     out = _canonical(out)
-    _write_parts(job, out, out[:, 0])  # small-star groups by the larger end
-    return info
+    return dict(info, sent=_write_parts(job, out, out[:, 0]))  # small-star groups by the larger end
 
 
 def _small(job: StarJob) -> dict:
@@ -179,8 +184,7 @@ def _small(job: StarJob) -> dict:
         hubs = np.stack([edges[starts, 0], mins], axis=1)  # and the node itself
         out = _canonical(np.concatenate([linked, hubs]))
     directed, src = _both_ways(out)
-    _write_parts(job, directed, src)
-    return info
+    return dict(info, sent=_write_parts(job, directed, src))
 
 
 def _emit(job: StarJob, directed: np.ndarray) -> dict:
@@ -201,10 +205,12 @@ def _emit(job: StarJob, directed: np.ndarray) -> dict:
         np.zeros(0, np.int64)
     order = np.argsort(group, kind="stable")
     stars, group = stars[order], group[order]
+    sent = {}
     for g in np.unique(group).tolist():
         lo, hi = np.searchsorted(group, [g, g + 1])
         save(join(job.work, "stars", f"{g:05d}", f"{job.part:04d}.npy"), stars[lo:hi])
-    return {"hist": {str(k): v for k, v in hist.items()}, "removed": int(len(stars))}
+        sent[g] = int(hi - lo)
+    return {"hist": {str(k): v for k, v in hist.items()}, "removed": int(len(stars)), "sent": sent}
 
 
 _KINDS: dict[str, Callable[[StarJob], dict]] = {"scatter": _scatter, "large": _large, "small": _small,
@@ -251,37 +257,71 @@ def _pack(pair_files: list[tuple[str, int]], parts: int) -> list[list[str]]:
     return out
 
 
+def _received(results: list[dict], count: int) -> list[int]:
+    """What each of `count` destinations received from a map's tasks (their `sent`)."""
+    got = [0] * count
+    for r in results:
+        for d, n in r.get("sent", {}).items():
+            got[int(d)] += n
+    return got
+
+
+def _sized_map(mapper: Callable, fn: Callable, jobs: list, entries: list[int], resources, memory_of) -> list:
+    """`mapper(fn, jobs, resources)`, each job declaring what `memory_of(its entries)` says when that
+    is more than `resources` does (a partition holding a cluster's star, a group holding its removed
+    documents): one call for the jobs within the common declaration, one for each larger figure."""
+    if resources is None or memory_of is None or not resources.memory_gb:
+        return mapper(fn, jobs, resources)
+    by: dict[float, list[int]] = {}
+    for i, n in enumerate(entries):
+        by.setdefault(max(resources.memory_gb, memory_of(n)), []).append(i)
+    out: list = [None] * len(jobs)
+    for gb, idx in sorted(by.items()):
+        for i, r in zip(idx, mapper(fn, [jobs[i] for i in idx], dataclasses.replace(resources, memory_gb=gb))):
+            out[i] = r
+    return out
+
+
 def components(mapper: Callable, work: str, drop: str, pair_files: list[tuple[str, int]], parts: int, shards: int,
-               shards_per_group: int, resources=None, max_rounds: int = 64) -> dict:
+               shards_per_group: int, resources=None, max_rounds: int = 64, memory_of=None) -> dict:
     """Connected components of the pairs in `pair_files` ((URL, pairs) each), written as one drop file per group of
     `shards_per_group` shards (`{drop}/{group:05d}.npy`); returns {"groups", "hist", "removed",
-    "rounds", "edges"}. `mapper` is `ctx.map`; `work` a scratch folder of the rounds."""
+    "rounds", "edges"}. `mapper` is `ctx.map`; `work` a scratch folder of the rounds. Every task
+    declares `resources`, or, with `memory_of` (GiB for a task's input entries), more where its
+    input is larger: each map's tasks are sized from what the map before sent to them."""
     parts = max(1, parts)
-    scatter = [StarJob(work, "", "0l", p, parts, "scatter", tuple(files))
-               for p, files in enumerate(_pack(pair_files, parts))]
-    edges = sum(r["edges"] for r in mapper(star_task, scatter, resources))
+    # a scatter task makes two entries of a pair (both ways): it takes half a partition's share
+    packed = _pack(pair_files, 2 * parts)
+    sizes = dict(pair_files)
+    scatter = [StarJob(work, "", "0l", p, parts, "scatter", tuple(files)) for p, files in enumerate(packed)]
+    done = _sized_map(mapper, star_task, scatter, [2 * sum(sizes[f] for f in files) for files in packed], resources,
+                      memory_of)
+    edges = sum(r["edges"] for r in done)
+    incoming = _received(done, parts)
     before = None
     rounds = 0
     while True:
         if rounds >= max_rounds:
             raise RuntimeError(f"dedup: connected components did not converge in {max_rounds} rounds")
-        large = mapper(star_task, [StarJob(work, f"{rounds}l", f"{rounds}s", p, parts, "large")
-                                   for p in range(parts)], resources)
+        large = _sized_map(mapper, star_task, [StarJob(work, f"{rounds}l", f"{rounds}s", p, parts, "large")
+                                               for p in range(parts)], incoming, resources, memory_of)
         d_large = sum(r["digest"] for r in large) & MASK
-        small = mapper(star_task, [StarJob(work, f"{rounds}s", f"{rounds + 1}l", p, parts, "small")
-                                   for p in range(parts)], resources)
+        small = _sized_map(mapper, star_task, [StarJob(work, f"{rounds}s", f"{rounds + 1}l", p, parts, "small")
+                                               for p in range(parts)], _received(large, parts), resources, memory_of)
         d_small = sum(r["digest"] for r in small) & MASK
+        incoming = _received(small, parts)
         rounds += 1
         if before is not None and before == d_large == d_small:
             break  # a whole round (this large-star and small-star) changed nothing
         before = d_small if d_large == d_small else None
-    emitted = mapper(star_task, [StarJob(work, f"{rounds}l", "", p, parts, "emit", shards_per_group=shards_per_group)
-                                 for p in range(parts)], resources)
+    emitted = _sized_map(mapper, star_task, [StarJob(work, f"{rounds}l", "", p, parts, "emit",
+                                                     shards_per_group=shards_per_group) for p in range(parts)],
+                         incoming, resources, memory_of)
     hist: collections.Counter = collections.Counter()
     for r in emitted:
         hist.update({int(k): v for k, v in r["hist"].items()})
     groups = -(-shards // shards_per_group) if shards else 0
-    mapper(group_task, [GroupJob(work, g, join(drop, f"{g:05d}.npy")) for g in range(groups)],
-           resources)
+    _sized_map(mapper, group_task, [GroupJob(work, g, join(drop, f"{g:05d}.npy")) for g in range(groups)],
+               _received(emitted, groups), resources, memory_of)
     return {"groups": groups, "hist": dict(sorted(hist.items())), "removed": sum(r["removed"] for r in emitted),
             "rounds": rounds, "edges": edges}

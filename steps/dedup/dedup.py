@@ -52,6 +52,9 @@ BASE_MEMORY = WORKER_GB  # GiB a task's worker holds before it does anything (Py
 PASS1_SCRATCH_GB = 0.1  # pass 1 beside its run: a batch's shingle hashing, the reader's and the writer's buffers
 TASK_SCRATCH_GB = 0.05  # a pass-2 or pass-3 task beside what its budget holds
 MIN_RUN_DOCS = 1024  # the fewest documents of a pass-1 run, whatever the budget
+# a pass-3 task, per edge entry it receives: the edges both ways, sorted, their copies (a star of
+# a million edges received once measured 94 B an entry; received four times over, 44)
+PASS3_BYTES_PER_ENTRY = 16 * 8
 
 
 @dataclass(frozen=True)
@@ -363,9 +366,11 @@ def _components(config: DedupConfig, ctx: StepContext, shards: int, results: lis
     total = sum(r["pairs"] for r in results)
     parts = max(1, -(-total // config.pairs_per_task))
     spg = max(1, -(-shards // parts))  # shards per drop file: as many files as partitions
-    mem = Resources(cpus=1, memory_gb=_gb(config.pairs_per_task * 16 * 8))  # edges both ways, sorted, copies
+    mem = Resources(cpus=1, memory_gb=_gb(config.pairs_per_task * PASS3_BYTES_PER_ENTRY))
+    # a partition receiving more than pairs_per_task entries (the star of a cluster of millions: a
+    # boilerplate document) declares what it receives, at the same bytes an entry
     cc = components(_checked_map(ctx, "pass 3"), ctx.path("work/cc"), ctx.path("work/drop"), files, parts, shards,
-                    spg, mem)
+                    spg, mem, memory_of=lambda entries: _gb(entries * PASS3_BYTES_PER_ENTRY))
     exact_removed = sum(r["exact_removed"] for r in results if r["section"] == EXACT)
     fuzzy = [r for r in results if r["section"] != EXACT]
     examples = sorted({tuple(e) for r in fuzzy for e in r["examples"]}, key=lambda e: (e[0], e[1]))

@@ -316,3 +316,55 @@ def test_a_task_over_its_declaration_fails_naming_step_pass_and_figures():
         checked(lambda n: np.ones(n).sum(), "dedup/web", "pass 1", 0.3)(2**27 // 8)
     text = str(e.value)
     assert "\n" not in text and text.startswith("dedup/web pass 1: a task peaked at 0.3") and "0.30 GiB" in text
+
+
+def test_a_pass3_partition_holding_a_cluster_of_many_times_its_budget_declares_what_it_receives(tmp_path):
+    """One cluster of 8x `pairs_per_task` documents (a boilerplate document's star, its pairs
+    found again in two sections): the partition that receives the star, and the group of its
+    removed documents, declare what they receive; every task's tracemalloc peak stays within the
+    bytes it declares beyond the fixed base. With the single declaration of before, the star's
+    partition is far past it (the test can fail)."""
+    from steps.dedup.dedup import PASS3_BYTES_PER_ENTRY, _gb
+    from executor import Resources
+
+    budget, members = 2_000, 16_000
+    star = np.stack([np.zeros(members, np.uint64), np.arange(1, members + 1, dtype=np.uint64)], axis=1)
+    files = []
+    for k in range(2):  # the same pairs from two sections, each in parts of at most the budget
+        for i, piece in enumerate(np.array_split(star, members // budget)):
+            files.append((str(tmp_path / f"pairs/{k}-{i}.npy"), len(piece)))
+            save(files[-1][0], piece)
+    parts = -(-sum(n for _, n in files) // budget)
+    base = _gb(0)
+
+    def run(memory_of, out):
+        seen = []
+
+        def mapper(fn, items, res):
+            results = []
+            for item in items:
+                tracemalloc.start()
+                results.append(fn(item))
+                seen.append((tracemalloc.get_traced_memory()[1], (res.memory_gb - base) * 2**30,
+                             getattr(item, "kind", "group")))
+                tracemalloc.stop()
+            return results
+
+        got = components(mapper, str(out / "cc"), str(out / "drop"), files, parts, shards=1, shards_per_group=1,
+                         resources=Resources(cpus=1, memory_gb=base + budget * PASS3_BYTES_PER_ENTRY / 2**30),
+                         memory_of=memory_of)
+        return got, seen
+
+    # first as before (this also pays the process's one-time allocations, which tracemalloc would
+    # count in the first task, outside what any task declares)
+    _, before = run(None, tmp_path / "one-size")
+    assert max(peak / room for peak, room, _ in before) > 3  # one declaration for all: the star's task is far past it
+    # dedup's declaration, unrounded (_gb rounds to a MiB, much at this size)
+    got, seen = run(lambda n: base + n * PASS3_BYTES_PER_ENTRY / 2**30, tmp_path / "sized")
+    assert got["hist"] == {members + 1: 1} and got["removed"] == members
+    # beyond the bytes an entry: a task's fixed costs (its folder's listing, the files' headers, the
+    # digest), which the declaration's fixed scratch (TASK_SCRATCH_GB, 50 MiB) covers
+    fixed = 128 * 1024
+    over = [(peak, room, name) for peak, room, name in seen if peak > room + fixed]
+    assert not over, over
+    assert max(room for _, room, _ in seen) >= members * PASS3_BYTES_PER_ENTRY  # the star's partition declared more
