@@ -13,7 +13,7 @@ from executor.testing import build_context
 from steps.dedup.dedup import DedupConfig, connected_components, dedup
 from steps.dedup.components import components, load, save
 from steps.dedup.pairs import PairJob, pair_task
-from steps.dedup.runs import MIN_CHUNK, key_ranges, sort_section, write_run
+from steps.dedup.runs import CHUNK, MIN_CHUNK, key_ranges, sort_section, write_run
 from steps.data.formats import iter_text_batches, write_documents
 from steps.dedup.minhash import MinHasher, band_keys
 
@@ -368,3 +368,24 @@ def test_a_pass3_partition_holding_a_cluster_of_many_times_its_budget_declares_w
     over = [(peak, room, name) for peak, room, name in seen if peak > room + fixed]
     assert not over, over
     assert max(room for _, room, _ in seen) >= members * PASS3_BYTES_PER_ENTRY  # the star's partition declared more
+
+
+def test_pass2_at_the_default_budget_holds_chunks_not_its_range(tmp_path):
+    """With the default `keys_per_task` (2^20) one key range is a whole section up to a million
+    documents; a pass-2 task reads it a chunk of each run at a time, so 10x the records (one range
+    at both sizes) cost it what 1x does (tracemalloc peak within 25%; the bench measures the whole
+    step at 66k and 1M documents). Reading each run's part of the range at once, as a task did
+    before, grows with the records (the test can fail)."""
+    cfg = DedupConfig(documents="x")
+    peaks, whole = {}, {}
+    for docs in (20_000, 200_000):
+        runs, _ = _synthetic_runs(tmp_path / str(docs), docs)
+        chunk = min(CHUNK, max(MIN_CHUNK, cfg.keys_per_task // len(runs)))  # as dedup sizes it
+        [(lo, hi)] = key_ranges(-(-docs // cfg.keys_per_task))
+        peaks[docs] = _peak(pair_task, PairJob(str(tmp_path / f"{docs}-chunks"), 0, 0, lo, hi, runs, WIDTH, 0.5,
+                                               chunk=chunk))
+        whole[docs] = _peak(pair_task, PairJob(str(tmp_path / f"{docs}-whole"), 0, 0, lo, hi, runs, WIDTH, 0.5,
+                                               chunk=docs))
+    print("pass-2 peak bytes at the default budget:", peaks, "each run's range at once:", whole)
+    assert peaks[200_000] <= 1.25 * peaks[20_000], peaks
+    assert whole[200_000] >= 5 * whole[20_000], whole
