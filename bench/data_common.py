@@ -9,6 +9,7 @@ if not __package__:  # run as `python bench/NAME.py`: the repository root in pla
 import os
 import pathlib
 import random
+import time
 
 from bench import kit  # noqa: E402
 
@@ -65,3 +66,14 @@ def tokenizer(vocab_size: int = 32768) -> pathlib.Path:
 
 def ctx(output: pathlib.Path, name: str = "bench") -> StepContext:
     return build_context(str(output), name=name, digest="0" * 64)
+
+
+def timed(fn):
+    """`fn` as a task returning (its result, the CPU seconds it took in its process): a mapper's
+    tasks timed where they run (a Ray worker's CPU is not the driver's)."""
+    def task(item):
+        t = time.process_time()
+        out = fn(item)
+        return out, time.process_time() - t
+    task.__name__ = getattr(fn, "__name__", "task")
+    return task

@@ -44,7 +44,7 @@ import tracemalloc
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
-from bench.data_common import WORK, ctx, shards  # noqa: E402
+from bench.data_common import WORK, ctx, shards, timed  # noqa: E402
 
 PASS_OF = {"_signatures": 1, "pair_task": 2, "star_task": 3, "group_task": 3, "_write_kept": 4}
 
@@ -166,15 +166,6 @@ def _rank_cpu_executor():
     return Timed
 
 
-def _timed(fn):
-    def task(item):
-        t = time.process_time()
-        out = fn(item)
-        return out, time.process_time() - t
-    task.__name__ = getattr(fn, "__name__", "task")
-    return task
-
-
 def _patch_xxhash():
     """xxhash >= 4 hashes bytes only; datatrove 0.10.1 hands it str shingles."""
     import xxhash
@@ -211,7 +202,7 @@ def ours_ray(src, out, **cfg) -> dict:
     cpu: dict[int, float] = collections.defaultdict(float)
 
     def mapper(fn, items, resources=None):
-        pairs = ray_map(_timed(fn), items, resources)
+        pairs = ray_map(timed(fn), items, resources)
         cpu[PASS_OF[fn.__name__]] += sum(c for _, c in pairs)
         return [r for r, _ in pairs]
 
@@ -271,7 +262,7 @@ def datatrove_ray(src, out, bands: int, rows: int, ranges: int, files: int, word
                 ex._run_for_rank(rank)
 
             rank_task.__name__ = f"datatrove_stage_{stage}"
-            cpu[stage] += sum(c for _, c in ray_map(_timed(rank_task), list(range(tasks))))
+            cpu[stage] += sum(c for _, c in ray_map(timed(rank_task), list(range(tasks))))
     driver = time.process_time() - t0
     removed = sum(os.path.getsize(out / "remove" / n) // 4 for n in os.listdir(out / "remove")
                   if n.endswith(".remove")) if (out / "remove").exists() else 0

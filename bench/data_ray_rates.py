@@ -67,16 +67,6 @@ def write_corpus(out, docs: int, per_shard: int = 1000, seed: int = 0) -> tuple[
     return docs, total
 
 
-def timed(fn):
-    """`fn` as a task returning (its result, the CPU seconds it took in its process)."""
-    def task(item):
-        t = time.process_time()
-        out = fn(item)
-        return out, time.process_time() - t
-    task.__name__ = getattr(fn, "__name__", "task")
-    return task
-
-
 class Meter:
     """A mapper (`ctx.map`'s signature) over `inner` that sums each pass's task CPU."""
 
@@ -86,6 +76,8 @@ class Meter:
         self.tasks: dict[str, int] = {}
 
     def __call__(self, fn, items, resources=None):
+        from bench.data_common import timed
+
         part = PASS_OF.get(fn.__name__, fn.__name__)
         pairs = self.inner(timed(fn), items, resources)
         self.cpu[part] = self.cpu.get(part, 0.0) + sum(c for _, c in pairs)
