@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from executor.config_args import PROG, bool_flags, parse_config
 from executor.errors import VoyageError
@@ -245,6 +245,18 @@ def _count(text: str) -> int:
     return value
 
 
+def _flag_or_env(given: float | None, var: str, read: Callable[[str], float], default: float) -> float:
+    """A flag's value; else its environment variable's, checked as the flag is (a bad one is a
+    VoyageError naming the variable); else the default."""
+    if given is not None:
+        return given
+    env = os.environ.get(var)
+    try:
+        return read(env) if env is not None else default
+    except argparse.ArgumentTypeError as e:
+        raise VoyageError(f"environment variable {var}: {e}") from None
+
+
 def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
     """The executor's flags (exact names), with their environment defaults checked; the rest are
     the voyage's config overrides. A bad flag or setting is a VoyageError."""
@@ -253,21 +265,9 @@ def parse(argv: Sequence[str]) -> tuple[Options, argparse.ArgumentParser, bool]:
         parser.print_help()
         raise SystemExit(0 if argv else 2)
     ns, rest = parser.parse_known_args(argv)
-    lease_ttl = ns.lease_ttl
-    if lease_ttl is None:
-        env = os.environ.get("MARIN_LEASE_TTL")
-        try:
-            lease_ttl = _ttl(env) if env is not None else 60.0
-        except argparse.ArgumentTypeError as e:
-            raise VoyageError(f"environment variable MARIN_LEASE_TTL: {e}") from None
+    lease_ttl = _flag_or_env(ns.lease_ttl, "MARIN_LEASE_TTL", _ttl, 60.0)
     prefix = ns.prefix if ns.prefix is not None else os.environ.get("MARIN_PREFIX", "out")
-    gc_grace = ns.gc_grace
-    if gc_grace is None:
-        env = os.environ.get("MARIN_GC_GRACE")
-        try:
-            gc_grace = _grace(env) if env is not None else 300.0
-        except argparse.ArgumentTypeError as e:
-            raise VoyageError(f"environment variable MARIN_GC_GRACE: {e}") from None
+    gc_grace = _flag_or_env(ns.gc_grace, "MARIN_GC_GRACE", _grace, 300.0)
     if ns.gc_grace is not None and not ns.gc:
         raise VoyageError("--gc-grace only applies to --gc")
     if ns.json and not (ns.which_saw or ns.log):
@@ -606,15 +606,9 @@ def _split_voyages(first: str, args: list[str]) -> list[tuple[VoyageFile, list[s
 def _voyage_policy(vf: VoyageFile, config: object) -> object:
     """A voyage may define `license_policy(config) -> LicensePolicy | None`: which licences may
     reach any of its steps (a step's own `licenses=` adds to it)."""
-    fn = getattr(vf.module, "license_policy", None)
-    if not callable(fn):
-        return None
-    try:
-        return fn(config) if vf.config_class is not None else fn()
-    except VoyageError:
-        raise
-    except Exception as e:
-        raise VoyageError(f"{vf.path}: license_policy() failed: {type(e).__name__}: {e}") from None
+    from executor.voyage import call_hook
+
+    return call_hook(vf, "license_policy", config)
 
 
 def _lineage(opts: Options, plan: Plan) -> int:

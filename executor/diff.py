@@ -345,15 +345,7 @@ def diff_command(opts: Options) -> int:
     old = identities_at(repo, commit, voyage_rel, list(opts.overrides))
     new = identities_here(vf, config)
     result = compare(old, new)
-    costs_fn = getattr(vf.module, "costs", None)
-    costs: dict[str, Any] = {}
-    if callable(costs_fn) and (result["changed"] or result["new"]):
-        try:
-            costs = costs_fn(config) if vf.config_class is not None else costs_fn()
-        except VoyageError:
-            raise
-        except Exception as e:
-            raise VoyageError(f"{vf.path}: costs() failed: {type(e).__name__}: {e}") from None
+    costs: dict[str, Any] = voyage_mod.call_hook(vf, "costs", config, missing={}) if result["changed"] or result["new"] else {}
     total = priced(result, costs)
     head_commit = _git(repo, "rev-parse", "HEAD") or ""
     dirty = bool(_git(repo, "status", "--porcelain"))

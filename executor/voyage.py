@@ -96,6 +96,21 @@ def build_steps(vf: VoyageFile, config: Any) -> list[Step]:
     return steps
 
 
+def call_hook(vf: VoyageFile, name: str, config: Any, missing: Any = None) -> Any:
+    """The voyage's optional function `name(config)` (`license_policy`, `pins`, `costs`), called as
+    the voyage function is (with the config when the voyage has one); `missing` when the file
+    defines none. What it raises, other than a VoyageError, is one VoyageError naming the hook."""
+    fn = getattr(vf.module, name, None)
+    if not callable(fn):
+        return missing
+    try:
+        return fn(config) if vf.config_class is not None else fn()
+    except VoyageError:
+        raise
+    except Exception as e:
+        raise VoyageError(f"{vf.path}: {name}() failed: {type(e).__name__}: {e}") from None
+
+
 def _where(e: BaseException, path: str) -> str:
     """file:line of the deepest frame of the voyage file (or of any project file) in a traceback."""
     frames = traceback.extract_tb(e.__traceback__)

@@ -547,16 +547,10 @@ def voyage_pins(vf, config: object) -> list[Pin]:
     """A voyage may define `pins(config)` returning output folders or step names (strings) or
     Steps (their current output, which need not have run yet) that `--gc` keeps, with what they
     depend on."""
-    fn = getattr(vf.module, "pins", None)
-    if not callable(fn):
-        return []
+    from executor.voyage import call_hook
+
+    found = call_hook(vf, "pins", config, missing=[])
     where = f"{vf.path}: pins()"
-    try:
-        found = fn(config) if vf.config_class is not None else fn()
-    except VoyageError:
-        raise
-    except Exception as e:
-        raise VoyageError(f"{where} failed: {type(e).__name__}: {e}") from None
     if isinstance(found, (str, bytes)) or not isinstance(found, Iterable):
         raise VoyageError(f"{where} must return a list of step names, output folders or Steps, got {found!r}")
     from executor.dag import build_dag

@@ -8,8 +8,6 @@ over the DevTools protocol; `playwright install` (a browser download) is never n
 
 import json
 import os
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 
@@ -24,14 +22,11 @@ from executor.views.live import LivePage  # noqa: E402
 from executor.runner import Outcome  # noqa: E402
 from executor.views.viz import write_viz  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-ARTIFACTS = os.path.join(ROOT, ".artifacts", "browser")
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+from kits.browserkit import ARGS, ARTIFACTS, CHROMIUM, needs_chromium, serve  # noqa: E402
+
 EVIL = "</script><script>alert('x')</script>"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +169,9 @@ def test_a_published_live_page_follows_the_run(browser, tmp_path):
     prefix = str(tmp_path / "p")
     plan = replan(small_voyage(), prefix)
     page = LivePage(plan, "small", "feedbeef", min_interval=0.05, metrics_every=0.05, poll_every=0.2).start()
-    server = _serve(prefix)
+    server, base = serve(prefix)
     try:
-        url = f"http://127.0.0.1:{server.server_port}/{page.folder}/index.html"
+        url = f"{base}{page.folder}/index.html"
         o = Opened(browser, url)
         assert o.page.locator("#legend .chip").all_inner_texts() == ["PENDING 6"]
         started = time.time()
@@ -200,20 +195,6 @@ def test_a_published_live_page_follows_the_run(browser, tmp_path):
         o.page.close()
     finally:
         server.shutdown()
-
-
-def _serve(folder):
-    import threading
-    from functools import partial
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=folder))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _scale(transform: str) -> float:

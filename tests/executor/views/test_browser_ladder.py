@@ -8,16 +8,15 @@ check steps). Needs Debian's `chromium` and `playwright`, as tests/executor/view
 import os
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from executor.views.live import LivePage  # noqa: E402
 from kits import ladderkit  # noqa: E402
 from kits.vizkit import replan  # noqa: E402
-from test_browser import CHROMIUM, Opened, browser  # noqa: E402,F401  (the module's browser fixture)
+from kits.browserkit import needs_chromium  # noqa: E402
+from test_browser import Opened, browser  # noqa: E402,F401  (the module's browser fixture)
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+pytestmark = needs_chromium
 
 
 def run_with_page(steps, prefix):

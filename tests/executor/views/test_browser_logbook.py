@@ -3,37 +3,22 @@
 Chromium; every link followed answers 200, none is absolute or names a path of this machine, and
 the page shows the run with its loss curves."""
 
-import functools
-import http.server
 import os
 import shutil
-import threading
 from urllib.parse import urljoin, urlparse
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-ARTIFACTS = os.path.join(ROOT, ".artifacts", "browser")
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+from kits.browserkit import ARGS, ARTIFACTS, CHROMIUM, ROOT, needs_chromium, serve  # noqa: E402
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
+pytestmark = needs_chromium
 
 
 @pytest.fixture
 def served(laptop_voyage):
     """The prefix over http (read only: the fixture's prefix is shared)."""
-    handler = functools.partial(_Quiet, directory=laptop_voyage.prefix)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server, url = serve(laptop_voyage.prefix)
+    yield url
     server.shutdown()
     server.server_close()
 
@@ -93,13 +78,6 @@ def test_the_logbook_index_and_run_pages_link_only_what_the_site_serves(laptop_v
             browser.close()
 
 
-def _serve(folder):
-    handler = functools.partial(_Quiet, directory=folder)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/"
-
-
 def _follow(tab, start, served, local):
     """Every link of `start`, followed: each answers 200, none absolute or local."""
     html = tab.content()
@@ -131,7 +109,7 @@ def test_three_runs_of_a_small_voyage_in_the_log_and_on_the_index_page(tmp_path,
     assert "ran 6" in first and "config" not in first
     assert "failed: join/abc (" in second and "config: value A -> B; fail false -> true" in second
     assert "note: abc fixed" in third and "config: fail true -> false" in third and "ran 1" in third
-    server, served = _serve(prefix)
+    server, served = serve(prefix)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -183,7 +161,7 @@ def test_the_laptop_voyage_three_times_in_the_log_and_on_its_page(laptop_voyage,
     assert "title -> tried a title" in second and "fail_check false -> true" in second
     assert "note: the check passes again" in third and "fail_check true -> false" in third
     assert "title tried a title -> a better title" in third and "ran 1, cached 16" in third
-    server, served = _serve(laptop_copy)
+    server, served = serve(laptop_copy)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)

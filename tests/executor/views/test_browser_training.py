@@ -8,17 +8,10 @@ import json
 import os
 import shutil
 
-import pytest
-
 from executor.views.live import LivePage
+from kits.browserkit import ARGS, ARTIFACTS, CHROMIUM, needs_chromium  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-ARTIFACTS = os.path.join(ROOT, ".artifacts", "browser")
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
-
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+pytestmark = needs_chromium
 
 
 def test_the_laptop_voyage_page_shows_health_heatmap_and_one_curve(laptop_voyage, tmp_path):
